@@ -1,0 +1,160 @@
+"""Dense benchmark, canonical method of BENCHMARKS.md: L distinct layers (weights several times the L2), the L
+forwards captured in one CUDA graph, replayed 20x with CUDA events, median / L; eager wall time per call;
+numerics against the float64 reference on the same run. Compares cuBLAS bf16 (x @ w.t()) in the same process
+and Humming's HummingLayer when the `humming` package is importable (optional, never a dependency)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+import humming_gen as hg
+from humming_gen.reference import reference_gemm
+
+COPY_GBPS = 4245.0  # measured H200 device-to-device copy (BENCHMARKS.md)
+FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
+           "w3a16-int3-g128": dict(weight="int3", group_size=128),
+           "w8a16-int8-channel": dict(weight="int8")}
+
+
+def graph_time_us(fns, x, replays=20) -> float:
+    for f in fns:
+        f(x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f(x)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            for f in fns:
+                f(x)
+    torch.cuda.current_stream().wait_stream(s)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / len(fns))
+    return statistics.median(times)
+
+
+def eager_time_us(fns, x, calls=200) -> float:
+    for f in fns:
+        f(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fns[i % len(fns)](x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def weight_bytes(layer) -> int:
+    return layer.weight.nbytes()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--m", default="1,16,64,256,1024,4096,8192")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--sweep", action="store_true", help="also time tuning variants at small M")
+    args = ap.parse_args()
+    ms = [int(v) for v in args.m.split(",")]
+    n, k, L = args.n, args.k, args.layers
+    torch.manual_seed(0)
+    results = {"n": n, "k": k, "layers": L, "gpu": torch.cuda.get_device_name(), "rows": []}
+    xs = {m: torch.randn(m, k, device="cuda").bfloat16() for m in ms}
+
+    dense = [torch.randn(n, k, device="cuda").bfloat16() * 0.02 for _ in range(L)]
+    cublas = [lambda x, w=w: x @ w.t() for w in dense]
+    for m in ms:
+        results["rows"].append({"impl": "cublas-bf16", "m": m, "graph_us": graph_time_us(cublas, xs[m]),
+                                "eager_us": eager_time_us(cublas, xs[m]) if m == 1 else None})
+    del dense, cublas
+
+    for name in args.formats.split(","):
+        scheme = hg.QuantScheme(**FORMATS[name])
+        t0 = time.perf_counter()
+        qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(L)]
+        layers = [hg.QuantLinear.from_quantized(q) for q in qws]
+        build_s = time.perf_counter() - t0
+        limit_us = weight_bytes(layers[0]) / (COPY_GBPS * 1e3)
+        for m in ms:
+            x = xs[m]
+            y = layers[0](x)
+            ref = reference_gemm(x.double(), qws[0])
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            row = {"impl": f"humming_gen-{name}", "m": m, "graph_us": graph_time_us(layers, x),
+                   "eager_us": eager_time_us(layers, x) if m in (1, 16) else None, "rel_err": err,
+                   "bytes_limit_us": limit_us, "tuning": layers[0].kernel_for(m).plan.tuning.summary(),
+                   "build_s": build_s}
+            results["rows"].append(row)
+            print(f"{name} m={m}: {row['graph_us']:.1f} us (limit {limit_us:.1f}), err {err:.1e}", flush=True)
+        if args.sweep and name == "w4a16-int4-g128":
+            sweep(results, qws, xs)
+        del layers, qws
+        torch.cuda.empty_cache()
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_dense.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print_table(results, ms)
+
+
+def sweep(results, qws, xs) -> None:
+    """Time tuning variants at decode sizes (one layer set per variant, every layout re-packed)."""
+    from humming_gen.config import LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.targets import Target
+
+    variants = [dict(block_n=bn, warps_n=wn, stages=st, split_k=sk)
+                for bn, wn in ((128, 2), (64, 1), (256, 4)) for st in (4, 6) for sk in (1, 2, 4)]
+    for v in variants:
+        try:
+            plan = choose_tunings(LayerConfig(n=qws[0].n, k=qws[0].k, scheme=qws[0].scheme), Target.current(), **v)
+            layers = [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]
+        except Exception as e:  # a variant may not fit (shared memory, layout)
+            print(f"sweep {v}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+            continue
+        for m in (1, 16):
+            if m in xs:
+                t = graph_time_us(layers, xs[m])
+                results.setdefault("sweep", []).append({"m": m, **v, "graph_us": t})
+                print(f"sweep {v} m={m}: {t:.1f} us", flush=True)
+        del layers
+
+
+def print_table(results, ms) -> None:
+    impls = list(dict.fromkeys(r["impl"] for r in results["rows"]))
+    print(f"\nDense N={results['n']} K={results['k']}, {results['layers']} layers, CUDA-graph us per layer "
+          f"({results['gpu']})")
+    print("| M | " + " | ".join(impls) + " |")
+    print("|---|" + "---|" * len(impls))
+    for m in ms:
+        cells = []
+        for impl in impls:
+            r = next((r for r in results["rows"] if r["impl"] == impl and r["m"] == m), None)
+            cells.append("-" if r is None else f"{r['graph_us']:.1f}")
+        print(f"| {m} | " + " | ".join(cells) + " |")
+    print("eager us/call at M=1: " + ", ".join(f"{r['impl']} {r['eager_us']:.1f}" for r in results["rows"]
+                                                if r["m"] == 1 and r.get("eager_us")))
+    print("max rel err: " + ", ".join(f"{impl} {max(r.get('rel_err', 0) or 0 for r in results['rows'] if r['impl'] == impl):.1e}"
+                                      for impl in impls if impl.startswith("humming_gen")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""humming_gen: quantized GEMM kernels generated from Python descriptions of the format.
+
+describe (formats, schemes, configs, targets) -> compose (components -> CUDA source) -> compile + run.
+Names are imported on first use, so `import humming_gen.runtime` (or the CLI) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ActivationScheme": "humming_gen.schemes.scheme",
+    "QuantScheme": "humming_gen.schemes.scheme",
+    "QuantizedWeight": "humming_gen.schemes.scheme",
+    "QuantizedActivation": "humming_gen.schemes.quantize",
+    "scheme": ("humming_gen.schemes.presets", "preset"),
+    "list_presets": "humming_gen.schemes.presets",
+    "DType": "humming_gen.formats",
+    "FloatType": "humming_gen.formats",
+    "IntType": "humming_gen.formats",
+    "dtype": "humming_gen.formats",
+    "register_dtype": "humming_gen.formats",
+    "LayerConfig": "humming_gen.config",
+    "ComputeConfig": "humming_gen.config",
+    "TuningConfig": "humming_gen.config",
+    "Target": "humming_gen.targets",
+    "get_target": "humming_gen.targets",
+    "list_targets": "humming_gen.targets",
+    "Kernel": "humming_gen.kernel",
+    "compile": "humming_gen.kernel",
+    "QuantLinear": "humming_gen.layer.linear",
+    "reference_gemm": "humming_gen.reference",
+    "reference_moe": "humming_gen.reference",
+    "convert": "humming_gen.schemes.converters",
+    "load_layer": "humming_gen.schemes.converters",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'humming_gen' has no attribute {name!r}")
+    module_name, attr = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,1 @@
+"""epilogue family: accumulators -> output."""

@@ -1,0 +1,56 @@
+"""Epilogue components: in-CTA and cross-CTA reductions, the output store."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from humming_gen.components.base import Component
+
+
+@attrs.frozen
+class WarpKReduce(Component):
+    """Sum the warps that split a stage's k range."""
+
+    template: ClassVar[str] = "epilogue/warp_k_reduce.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    warps_k: int
+
+
+@attrs.frozen
+class SplitKReduce(Component):
+    """Last-arriving CTA sums the split-K partials from the workspace."""
+
+    template: ClassVar[str] = "epilogue/split_k_reduce.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    ptx: ClassVar[tuple[str, ...]] = ("global_sync",)
+    split_k: int
+
+
+_OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}
+
+
+@attrs.frozen
+class StoreOutput(Component):
+    """Per-column fp32 scale, bias, conversion, masked store."""
+
+    template: ClassVar[str] = "epilogue/store_output.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    dtype: str
+    out_dtype: str
+    out_scale: bool
+    bias: bool
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("cvt_scalar",) if (self.bias or self.out_dtype != "float32") else ()
+
+    def extra_context(self) -> dict:
+        value = "acc[nt][mt][2 * half + j]"
+        if self.out_scale:
+            value += " * scale"
+        if self.bias:
+            value += " + bias"
+        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
+                "out_convert": "" if self.out_dtype == "float32" else "from_float"}

@@ -1,0 +1,1 @@
+"""memory family: global->shared loaders and shared->register fragment loads."""

@@ -1,0 +1,1 @@
+"""mma family: tensor-core back ends."""

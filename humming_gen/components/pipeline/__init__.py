@@ -1,0 +1,1 @@
+"""pipeline family: kernel skeletons."""

@@ -1,0 +1,29 @@
+"""The standard pipeline skeleton: cp.async ring, ldmatrix, in-register dequantization, mma.sync."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from humming_gen.components.base import Component
+
+
+@attrs.frozen
+class StandardPipeline(Component):
+    template: ClassVar[str] = "pipeline/standard.cuh.j2"
+    family: ClassVar[str] = "pipeline"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
+    kernel_name: str
+    group_params: tuple[str, ...]
+    warp_k_reduce: bool
+    split_k: bool
+    min_blocks: int
+
+    def extra_context(self) -> dict:
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+
+
+def offset_constant(tensor: str) -> str:
+    """b_scale -> BScale (as in cfg::kBScaleOffset)."""
+    return "".join(part.title() for part in tensor.split("_"))

@@ -1,0 +1,1 @@
+"""ptx family: inline-asm wrappers."""

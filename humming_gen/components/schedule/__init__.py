@@ -1,0 +1,1 @@
+"""schedule family: tile mapping (dense, split-K; MoE schedules join here)."""

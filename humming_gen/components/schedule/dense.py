@@ -1,0 +1,26 @@
+"""Dense tile schedules."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from humming_gen.components.base import Component
+
+
+@attrs.frozen
+class DenseSchedule(Component):
+    """One CTA per output tile over all of K."""
+
+    template: ClassVar[str] = "schedule/dense.cuh.j2"
+    family: ClassVar[str] = "schedule"
+
+
+@attrs.frozen
+class DenseSplitKSchedule(Component):
+    """Output tiles x split_k slices of K, reduced in the epilogue."""
+
+    template: ClassVar[str] = "schedule/dense_split_k.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    split_k: int

@@ -1,0 +1,101 @@
+"""Name -> DType registry: built-in names of the public contract, generic `floatXeYmZ`, and user formats."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from humming_gen.formats.dtype import DType, FloatType, IntType
+
+_REGISTERED: dict[str, DType] = {}
+
+# Formats whose special values follow a standard rather than the generic "every code finite" rule.
+_STANDARD: dict[str, DType] = {
+    "float16": FloatType(5, 10, nan="ieee", name="float16"),
+    "bfloat16": FloatType(8, 7, nan="ieee", name="bfloat16"),
+    "float32": FloatType(8, 23, nan="ieee", name="float32"),
+    "float8e4m3": FloatType(4, 3, nan="all_ones", name="float8e4m3"),
+    "float8e5m2": FloatType(5, 2, nan="ieee", name="float8e5m2"),
+    "float8e8m0": FloatType(8, 0, signed=False, nan="all_ones", subnormals=False, name="float8e8m0"),
+    # Blackwell's hidden E3M4 is fn-style like E4M3FN (FORMATS.md 1.7): the all-ones code is reserved, max +-30;
+    # a generic reading (max 31) would let quantizers emit a code the hardware does not decode as 31.
+    "float8e3m4": FloatType(3, 4, nan="all_ones", name="float8e3m4"),
+}
+
+_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
+            "fp8": "float8e4m3", "float8_e4m3fn": "float8e4m3", "float8_e5m2": "float8e5m2",
+            "float8_e8m0fnu": "float8e8m0", "fp4": "float4e2m1", "float4_e2m1fn": "float4e2m1"}
+
+_INT_RE = re.compile(r"^(u?)int(\d+)$")
+_FLOAT_RE = re.compile(r"^float(\d+)e(\d+)m(\d+)$")
+
+
+def register_dtype(name: str, dtype: DType) -> DType:
+    """Make `dtype` available as `humming_gen.dtype(name)`; the registered format keeps the given name."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"register_dtype name must be an identifier-like string, got {name!r}")
+    if not isinstance(dtype, DType):
+        raise TypeError(f"register_dtype dtype must be a DType (FloatType/IntType), got {type(dtype).__name__}")
+    if name in _STANDARD or _INT_RE.match(name) or _FLOAT_RE.match(name):
+        existing = dtype_from_name(name)
+        if existing != dtype and _strip(existing) != _strip(dtype):
+            raise ValueError(f"register_dtype: {name!r} is a built-in format name with different semantics")
+    if dtype.name != name:
+        dtype = _renamed(dtype, name)
+    _REGISTERED[name] = dtype
+    return dtype
+
+
+def _renamed(d: DType, name: str) -> DType:
+    """Copy of `d` under another name. attrs.evolve cannot be used: FloatType/IntType have custom __init__s
+    whose arguments differ from their fields (evolve passes `bits=`, which they do not take)."""
+    new = copy.copy(d)
+    object.__setattr__(new, "name", name)
+    return new
+
+
+def _strip(d: DType) -> DType:
+    return _renamed(d, "")
+
+
+def dtype_from_name(name: "str | DType") -> DType:
+    """Resolve a format name (or pass a DType through). Unknown or inconsistent names raise ValueError."""
+    if isinstance(name, DType):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"dtype name must be a str or DType, got {type(name).__name__}")
+    key = _ALIASES.get(name, name)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    if key in _STANDARD:
+        return _STANDARD[key]
+    m = _INT_RE.match(key)
+    if m:
+        bits = int(m.group(2))
+        if not 1 <= bits <= 32:
+            raise ValueError(f"dtype {name!r}: integer width must be 1..32 bits, got {bits}")
+        return IntType(bits, signed=not m.group(1))
+    m = _FLOAT_RE.match(key)
+    if m:
+        bits, e, mant = (int(g) for g in m.groups())
+        if bits != 1 + e + mant:
+            raise ValueError(f"dtype {name!r}: float{bits}e{e}m{mant} is inconsistent, "
+                             f"1 sign + {e} exponent + {mant} mantissa bits = {1 + e + mant}, not {bits}")
+        if bits > 8 and (e, mant) not in ((5, 10), (8, 7), (8, 23)):
+            raise ValueError(f"dtype {name!r}: custom floats are limited to 8 bits (got {bits})")
+        if e > 8:
+            raise ValueError(f"dtype {name!r}: at most 8 exponent bits, got {e}")
+        if e == 0 and mant == 0:
+            raise ValueError(f"dtype {name!r}: a format needs at least one exponent or mantissa bit")
+        return FloatType(e, mant)
+    known = sorted(set(_STANDARD) | set(_REGISTERED))
+    raise ValueError(f"unknown dtype {name!r}: expected intB/uintB (B=1..32), floatXeYmZ with X=1+Y+Z, "
+                     f"or one of {known}")
+
+
+def torch_dtype_of(d: DType):
+    """The torch dtype holding this format's values directly, or None."""
+    import torch
+
+    table = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    return table.get(d.name)

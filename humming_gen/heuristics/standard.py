@@ -1,0 +1,71 @@
+"""Tunings of the standard pipeline per M bucket.
+
+All buckets of a layer share the weight layout (block_n, warps_n and the warp's k slice), so one packed copy
+of the weights serves every M; the buckets differ in block_m, warps_m, warps_k (hence block_k), stages and
+split-K. Figures come from the target (SM count, shared memory), not from tests on `sm >= 90`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from humming_gen.config import LayerConfig, TuningConfig
+from humming_gen.targets import Target
+
+# (largest M of the bucket, block_m, warps_m, warps_k); the last bucket is open-ended.
+BUCKETS = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 4), (64, 64, 2, 2), (128, 128, 4, 1), (None, 128, 4, 1))
+LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
+SMEM_BUDGET_FRACTION = 0.9
+
+
+@attrs.frozen
+class TuningPlan:
+    """Contiguous M buckets covering 1..inf, one TuningConfig each."""
+
+    buckets: tuple[tuple[int | None, TuningConfig], ...]
+
+    def for_m(self, m: int) -> TuningConfig:
+        for m_max, tuning in self.buckets:
+            if m_max is None or m <= m_max:
+                return tuning
+        raise AssertionError("the last bucket is open-ended")
+
+    def tunings(self) -> list[TuningConfig]:
+        return list(dict.fromkeys(t for _, t in self.buckets))
+
+
+def _stage_bytes(layer: LayerConfig, block_m: int, block_n: int, block_k: int) -> int:
+    bits = layer.scheme.weight.bits
+    group_rows = 2  # generous: scales and zero points for a couple of group rows
+    return block_m * block_k * 2 + block_n * block_k * bits // 8 + 2 * group_rows * block_n * 2
+
+
+def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int) -> int:
+    """Enough k slices for the grid to cover the SMs about once (never more than the k tiles)."""
+    k_tiles = math.ceil(layer.k / block_k)
+    if tiles >= target.sm_count * 0.75:
+        return 1
+    split = max(1, round(target.sm_count / tiles))
+    return max(1, min(split, k_tiles // 2 if k_tiles >= 2 else 1, 16))
+
+
+def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPlan:
+    """One TuningConfig per M bucket for `layer` on `target`. `overrides` replace TuningConfig fields in
+    every bucket (for experiments and autotuning)."""
+    layout = {**LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in LAYOUT}}
+    block_n, warps_n, warp_k = layout["block_n"], layout["warps_n"], layout["warp_k"]
+    n_blocks = math.ceil(layer.n / block_n)
+    budget = int(target.smem_per_block_optin * SMEM_BUDGET_FRACTION)
+    buckets = []
+    for m_max, block_m, warps_m, warps_k in BUCKETS:
+        block_k = warp_k * warps_k
+        m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
+        stages = max(2, min(6, budget // _stage_bytes(layer, block_m, block_n, block_k)))
+        split = _split_k(layer, target, n_blocks * m_blocks, block_k) if m_max is not None and m_max <= 64 else 1
+        fields = dict(block_m=block_m, block_n=block_n, block_k=block_k, warps_m=warps_m, warps_n=warps_n,
+                      warps_k=warps_k, stages=stages, split_k=split)
+        fields.update(overrides)
+        buckets.append((m_max, TuningConfig(**fields)))
+    return TuningPlan(tuple(buckets))

@@ -1,0 +1,170 @@
+"""Weight layout of the standard pipeline: codes split into power-of-two bit planes, arranged so that one
+16-byte shared-memory load per plane gives a thread its fragments of 16 consecutive mma tiles.
+
+Global order: [n block][k slice of warp_k][warp n][chunk][plane][load (plane width w of them)][lane][4 words].
+A chunk is 16 mma tiles (16 n x 16 k each) enumerated k-step-major (tile = kstep * n_tiles + nt). Within a
+plane of width w a 32-bit word holds 16/w register pairs: pair j sits at bits [j*w, j*w+w) (low lane) and
+[16+j*w, ...) (high lane), so `(word >> j*w) & mask` lands both elements in their 16-bit lanes. Register R of
+a chunk (0..63) belongs to tile R // 4 and is mma A-fragment register R % 4: rows g / g+8 (g = lane/4), columns
+2t, 2t+1 (+8 for registers 2, 3) with t = lane % 4.
+Group parameters (scales, zero points) are stored [group][n] with rows permuted inside each 16-row tile as
+0, 8, 1, 9, ... so a thread reads the pair (row g, row g+8) with one 4-byte load.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+MMA_M, MMA_K, CHUNK_TILES = 16, 16, 16
+
+
+def bit_planes(bits: int) -> tuple[int, ...]:
+    """Split a width into power-of-two planes, widest (most significant) first: 3 -> (2, 1), 6 -> (4, 2)."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"weight bits must be 1..8, got {bits}")
+    return tuple(w for w in (8, 4, 2, 1) if bits & w)
+
+
+@attrs.frozen
+class BLayout:
+    """The weight geometry every kernel of a layer shares: block_n, warps_n and the warp's k slice.
+
+    Global order is [n block][k slice of warp_k][warp n][chunk]..., so a stage of block_k = warps_k * warp_k
+    is one contiguous run for any warps_k: kernels for different M can differ in block_k and warps_k.
+    """
+
+    block_n: int
+    warps_n: int
+    warp_k: int
+    bits: int
+
+    @property
+    def warp_n(self) -> int:
+        return self.block_n // self.warps_n
+
+    @property
+    def tiles_per_warp(self) -> int:
+        return (self.warp_n // MMA_M) * (self.warp_k // MMA_K)
+
+    @property
+    def chunks_per_warp(self) -> int:
+        return self.tiles_per_warp // CHUNK_TILES
+
+    @property
+    def planes(self) -> tuple[int, ...]:
+        return bit_planes(self.bits)
+
+    def stage_bytes(self, warps_k: int) -> int:
+        """Bytes of one (block_n x warps_k * warp_k) stage."""
+        return self.block_n * self.warp_k * warps_k * self.bits // 8
+
+    def check(self) -> list[str]:
+        errors = []
+        if self.block_n % (self.warps_n * MMA_M):
+            errors.append(f"block_n={self.block_n} is not a multiple of 16 * warps_n={self.warps_n}")
+        if self.warp_k % MMA_K:
+            errors.append(f"the warp k slice {self.warp_k} is not a multiple of 16")
+        elif self.tiles_per_warp % CHUNK_TILES:
+            errors.append(f"a warp slice of {self.warp_n}x{self.warp_k} (n x k) holds {self.tiles_per_warp} mma "
+                          f"tiles; the weight layout needs a multiple of {CHUNK_TILES}")
+        return errors
+
+
+def _fragment_index(layout: BLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) inside one warp slice for each [chunk][R 0..63][lane][lo/hi] element."""
+    n_tiles = layout.warp_n // MMA_M
+    chunk = torch.arange(layout.chunks_per_warp).view(-1, 1, 1, 1)
+    reg = torch.arange(64).view(1, -1, 1, 1)
+    lane = torch.arange(32).view(1, 1, -1, 1)
+    half = torch.arange(2).view(1, 1, 1, -1)
+    tile = chunk * CHUNK_TILES + reg // 4
+    r = reg % 4
+    kstep, nt = tile // n_tiles, tile % n_tiles
+    g, t = lane // 4, lane % 4
+    n = nt * MMA_M + g + 8 * (r % 2)
+    k = kstep * MMA_K + 2 * t + 8 * (r // 2) + half
+    return n.expand(-1, -1, 32, 2), k.expand(-1, 64, -1, -1)
+
+
+def pack_codes(codes: torch.Tensor, layout: BLayout) -> torch.Tensor:
+    """Kernel codes (N_pad, K_pad) uint8 -> packed int32 words, one contiguous run per (n-tile, k-tile).
+
+    Output shape (N_pad/block_n, K_pad/warp_k, warps_n * slice words). Works on any device.
+    """
+    errors = layout.check()
+    if errors:
+        raise ValueError("weight layout: " + "; ".join(errors))
+    n_pad, k_pad = codes.shape
+    bn, wk = layout.block_n, layout.warp_k
+    if n_pad % bn or k_pad % wk:
+        raise ValueError(f"codes shape {tuple(codes.shape)} is not padded to ({bn}, {wk})")
+    wn = layout.warp_n
+    nb, ks = n_pad // bn, k_pad // wk
+    # [nb, wn_idx, n_in_warp, ks, k_in_slice] -> [nb, ks, 1, wn_idx, n_in_warp, k_in_slice]
+    c = codes.to(torch.int32).view(nb, layout.warps_n, wn, ks, 1, wk).permute(0, 3, 4, 1, 2, 5)
+    n_idx, k_idx = _fragment_index(layout)
+    n_idx, k_idx = n_idx.to(codes.device), k_idx.to(codes.device)
+    frag = c[:, :, :, :, n_idx, k_idx]  # [nb, ks, 1, wn, chunk, 64, 32, 2]
+    words = []
+    shift = layout.bits
+    for w in layout.planes:
+        shift -= w
+        plane = (frag >> shift) & ((1 << w) - 1)
+        per_word = 16 // w  # register pairs per word
+        p = plane.view(*plane.shape[:5], 4 * w, per_word, 32, 2)  # R = q * per_word + j
+        j = torch.arange(per_word, device=codes.device, dtype=torch.int32).view(per_word, 1)
+        word_bits = (p[..., 0] << (j * w)) | (p[..., 1] << (16 + j * w))  # [.., q, j, lane]
+        word = torch.zeros(word_bits.shape[:-2] + word_bits.shape[-1:], dtype=torch.int64, device=codes.device)
+        for jj in range(per_word):
+            word |= word_bits[..., jj, :].to(torch.int64) & 0xFFFFFFFF
+        # [.., q=(load, i), lane] -> [.., load, lane, i]
+        word = word.view(*word.shape[:5], w, 4, 32).transpose(-1, -2)
+        words.append(word)
+    packed = torch.cat(words, dim=5)  # [nb, kb, wk, wn, chunk, loads, lane, 4]
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed.reshape(nb, ks, -1)
+
+
+def unpack_codes(packed: torch.Tensor, layout: BLayout, n_pad: int, k_pad: int) -> torch.Tensor:
+    """Inverse of `pack_codes` (used by tests and by `Kernel.inspect`)."""
+    nb, kb = n_pad // layout.block_n, k_pad // layout.warp_k
+    words = packed.to(torch.int64).reshape(nb, kb, 1, layout.warps_n, layout.chunks_per_warp,
+                                           layout.bits, 32, 4) & 0xFFFFFFFF
+    frag = torch.zeros(nb, kb, 1, layout.warps_n, layout.chunks_per_warp, 64, 32, 2,
+                       dtype=torch.int64, device=packed.device)
+    load0, shift = 0, layout.bits
+    for w in layout.planes:
+        shift -= w
+        per_word = 16 // w
+        wd = words[:, :, :, :, :, load0:load0 + w].transpose(-1, -2)  # [.., load, i, lane]
+        wd = wd.reshape(*wd.shape[:5], 4 * w, 1, 32)
+        j = torch.arange(per_word, device=packed.device).view(per_word, 1)
+        lo = (wd >> (j * w)) & ((1 << w) - 1)
+        hi = (wd >> (16 + j * w)) & ((1 << w) - 1)
+        plane = torch.stack([lo, hi], dim=-1).reshape(*wd.shape[:5], 64, 32, 2)
+        frag |= plane << shift
+        load0 += w
+    codes = torch.zeros(nb, kb, 1, layout.warps_n, layout.warp_n, layout.warp_k, dtype=torch.int64,
+                        device=packed.device)
+    n_idx, k_idx = _fragment_index(layout)
+    codes[:, :, :, :, n_idx.to(packed.device), k_idx.to(packed.device)] = frag
+    codes = codes.permute(0, 3, 4, 1, 2, 5).reshape(n_pad, k_pad)
+    return codes.to(torch.uint8)
+
+
+def permute_group_rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., N_pad] -> rows reordered 0, 8, 1, 9, ... inside each 16-row tile (one 4-byte load per pair)."""
+    n = t.shape[-1]
+    idx = torch.arange(n, device=t.device).view(-1, 2, 8).transpose(1, 2).reshape(-1)
+    return t[..., idx]
+
+
+def pad_to(t: torch.Tensor, dims: dict[int, int], value: float = 0) -> torch.Tensor:
+    """Pad dimension d of t up to size dims[d] with `value`."""
+    pads = []
+    for d in range(t.dim() - 1, -1, -1):
+        pads += [0, dims.get(d, t.shape[d]) - t.shape[d]]
+    if not any(pads):
+        return t
+    return torch.nn.functional.pad(t, pads, value=value)

@@ -1,0 +1,441 @@
+"""Source -> cubin: the NVRTC and NVCC back ends, the resource report, and the compile errors.
+
+Kernels are compiled to a cubin (SASS) for one exact architecture, never to PTX: PTX from an NVRTC
+newer than the driver's CUDA version does not JIT on that driver, while SASS runs on any driver that
+knows the GPU. Nothing here touches the CUDA driver, so all of it works on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+from humming_gen.runtime import env
+from humming_gen.runtime.cubin import cubin_resources, entry_functions
+
+#: Architectures that can be compiled here, spelled as ``-arch`` takes them. The ``a`` targets are the
+#: arch-specific ones that wgmma, tcgen05 and the block-scaled MMAs need.
+ARCHS: tuple[str, ...] = (
+    "sm_75", "sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a",
+)
+
+#: Targets whose source can be generated but whose compiler driver is not available here.
+GENERATE_ONLY_TARGETS: dict[str, str] = {
+    "zhenwu810e": "the T-Head PPU compiler driver",
+}
+
+COMPILERS: tuple[str, ...] = ("nvrtc", "nvcc")
+
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class CompileError(RuntimeError):
+    """The compiler rejected a source; carries the compiler log and where the source was saved."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        log: str = "",
+        source_path: Path | None = None,
+        kernel_name: str = "",
+        arch: str = "",
+        compiler: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.log = log
+        self.source_path = source_path
+        self.kernel_name = kernel_name
+        self.arch = arch
+        self.compiler = compiler
+
+
+class CompilerUnavailableError(RuntimeError):
+    """The compiler a target needs is not installed (or does not exist for this machine at all)."""
+
+
+def _cubin_repr(cubin: bytes) -> str:
+    return f"<{len(cubin)} bytes>"
+
+
+@attrs.frozen
+class CompiledKernel:
+    """A compiled kernel: the cubin plus everything needed to cache, load and inspect it.
+
+    ``resources`` holds what ptxas reported for the entry function: ``registers``, ``shared_bytes``
+    (static shared memory), ``stack_bytes``, ``spill_store_bytes``, ``spill_load_bytes``, and
+    ``barriers`` where reported. When the compiler returns no ptxas report (NVRTC 13.0 often does
+    not), ``registers``, ``shared_bytes`` and ``stack_bytes`` are read from the cubin and the spill
+    keys are absent. ``ptx`` is only kept when asked for (``HUMMING_GEN_DUMP``).
+    """
+
+    kernel_name: str
+    arch: str
+    cubin: bytes = attrs.field(repr=_cubin_repr)
+    log: str = attrs.field(repr=False)
+    compiler: str
+    options: tuple[str, ...] = attrs.field(converter=tuple)
+    resources: dict[str, int] = attrs.field(converter=dict)
+    compile_seconds: float
+    ptx: str | None = attrs.field(default=None, repr=False)
+
+    @property
+    def cubin_sha256(self) -> str:
+        """Content hash of the cubin: the identity of a loaded module and the cache's integrity check."""
+        return hashlib.sha256(self.cubin).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# arguments
+
+
+def resolve_compiler(compiler: str | None) -> str:
+    """Return the compiler to use: the argument, else ``HUMMING_GEN_COMPILER``, else ``nvrtc``."""
+    name = compiler if compiler is not None else env.default_compiler()
+    if not isinstance(name, str) or name.lower() not in COMPILERS:
+        origin = "compiler" if compiler is not None else "HUMMING_GEN_COMPILER"
+        raise ValueError(f"{origin}={name!r} is not a known compiler; allowed: {', '.join(COMPILERS)}")
+    return name.lower()
+
+
+def check_arch(arch: str) -> None:
+    """Raise unless ``arch`` can be compiled here (a clear message for generate-only targets)."""
+    if arch in GENERATE_ONLY_TARGETS:
+        raise CompilerUnavailableError(
+            f"arch={arch!r}: {GENERATE_ONLY_TARGETS[arch]} is not available here; kernels for {arch} can "
+            "only be generated (their source), not compiled, loaded or launched"
+        )
+    if arch not in ARCHS:
+        allowed = ", ".join(ARCHS + tuple(GENERATE_ONLY_TARGETS))
+        raise ValueError(f"arch={arch!r} is not a known target; allowed: {allowed}")
+
+
+def resolve_options(
+    arch: str, compiler: str | None = None, options: tuple[str, ...] = (), debug: bool = False
+) -> tuple[str, ...]:
+    """The full option list a compile uses (defaults, debug switches, then the caller's extras).
+
+    It is part of the cache key, so everything that changes the cubin must show up here.
+    """
+    check_arch(arch)
+    compiler = resolve_compiler(compiler)
+    extra = tuple(options)
+    for opt in extra:
+        if not isinstance(opt, str):
+            raise TypeError(f"options must be strings, got {opt!r} ({type(opt).__name__})")
+    debug = debug or env.debug()
+    # Release builds drop device asserts (-DNDEBUG); debug builds keep them and add line info.
+    mode = ("-lineinfo",) if debug else ("-DNDEBUG",)
+    if compiler == "nvrtc":
+        base = (
+            f"-arch={arch}", "--std=c++17", "-default-device",
+            "--ptxas-options=-O3", "--ptxas-options=-v",
+        )
+    else:
+        base = ("-cubin", f"-arch={arch}", "--std=c++17", "-O3", "-Xptxas=-O3", "-Xptxas=-v")
+    return base + mode + extra
+
+
+# --------------------------------------------------------------------------------------------------
+# toolchains
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except Exception as exc:  # missing package or missing libnvrtc
+        raise CompilerUnavailableError(
+            f"NVRTC is not available ({exc}); install cuda-python and nvidia-cuda-nvrtc, or use compiler='nvcc'"
+        ) from exc
+    return nvrtc
+
+
+def _nvcc_path() -> str:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    raise CompilerUnavailableError(
+        "nvcc was not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin; install the CUDA toolkit "
+        "or use compiler='nvrtc'"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(compiler: str) -> str:
+    if compiler == "nvrtc":
+        nvrtc = _nvrtc()
+        try:
+            result, major, minor = nvrtc.nvrtcVersion()
+        except Exception as exc:
+            raise CompilerUnavailableError(f"NVRTC could not be loaded: {exc}") from exc
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompilerUnavailableError(f"nvrtcVersion failed: {result}")
+        return f"nvrtc {major}.{minor}"
+    nvcc = _nvcc_path()
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CompilerUnavailableError(f"{nvcc} --version failed: {exc}") from exc
+    match = re.search(r"\bV(\d+\.\d+\.\d+)", out) or re.search(r"release (\d+\.\d+)", out)
+    if not match:
+        raise CompilerUnavailableError(f"could not read the version from `{nvcc} --version`:\n{out}")
+    return f"nvcc {match.group(1)}"
+
+
+def compiler_version(compiler: str | None = None) -> str:
+    """Name and version of a compiler, e.g. ``"nvrtc 13.5"`` or ``"nvcc 13.0.88"``.
+
+    The string goes into the cache key (a toolchain update must not reuse old cubins) and into
+    ``CompiledKernel.compiler``. Raises ``CompilerUnavailableError`` when the compiler is missing.
+    """
+    return _compiler_version(resolve_compiler(compiler))
+
+
+# --------------------------------------------------------------------------------------------------
+# ptxas report
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+
+
+def parse_ptxas_resources(log: str) -> dict[str, dict[str, int]]:
+    """Parse ``ptxas -v`` output into ``{entry function: resources}``.
+
+    Only entry functions (kernels) are returned; the stack frame of a non-inlined device function is
+    reported under its own name and not attributed to the kernel.
+    """
+    entries: dict[str, dict[str, int]] = {}
+    frames: dict[str, dict[str, int]] = {}
+    entry: str | None = None
+    properties_of: str | None = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            entries.setdefault(entry, {})
+            continue
+        if m := _PROPERTIES.search(line):
+            properties_of = m.group(1)
+            continue
+        if (m := _FRAME.search(line)) and properties_of is not None:
+            frames[properties_of] = {
+                "stack_bytes": int(m.group(1)),
+                "spill_store_bytes": int(m.group(2)),
+                "spill_load_bytes": int(m.group(3)),
+            }
+            properties_of = None
+            continue
+        if (m := _USED.search(line)) and entry is not None:
+            res = entries[entry]
+            res["registers"] = int(m.group(1))
+            res["shared_bytes"] = int(s.group(1)) if (s := _SMEM.search(line)) else 0
+            if b := _BARRIERS.search(line):
+                res["barriers"] = int(b.group(1))
+    for name, res in entries.items():
+        res.update(frames.get(name, {"stack_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0}))
+    return entries
+
+
+# --------------------------------------------------------------------------------------------------
+# compile
+
+
+def _failed_source_dir() -> Path:
+    if not env.no_cache():
+        path = env.cache_dir() / "failed"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if os.access(path, os.W_OK):
+                return path
+        except OSError:
+            pass
+    path = Path(tempfile.gettempdir()) / "humming_gen-failed"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _save_failed_source(source: str, kernel_name: str, log: str) -> Path | None:
+    """Write a source that failed to compile where a person can open it (with its log beside it)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    try:
+        directory = _failed_source_dir()
+        path = directory / f"{kernel_name}-{digest}.cu"
+        path.write_text(source)
+        path.with_suffix(".log").write_text(log)
+        return path
+    except OSError:
+        return None
+
+
+def _fail(message: str, source: str, kernel_name: str, arch: str, compiler: str, log: str) -> CompileError:
+    path = _save_failed_source(source, kernel_name, log)
+    where = str(path) if path is not None else "(could not be saved)"
+    return CompileError(
+        f"{message}\n  kernel: {kernel_name}  arch: {arch}  compiler: {compiler}\n  source: {where}\n"
+        f"--- compiler log ---\n{log.strip()}",
+        log=log, source_path=path, kernel_name=kernel_name, arch=arch, compiler=compiler,
+    )
+
+
+def _nvrtc_log(nvrtc, prog) -> str:
+    result, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buf = bytearray(size)  # NOTE: never b" " * size: that can be a shared immutable object
+    (result,) = nvrtc.nvrtcGetProgramLog(prog, buf)
+    return bytes(buf).rstrip(b"\x00").decode(errors="replace")
+
+
+def _nvrtc_check(nvrtc, result, call: str) -> None:
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(result)
+        raise RuntimeError(f"{call} failed: {text.decode(errors='replace') if isinstance(text, bytes) else text}")
+
+
+def _compile_nvrtc(
+    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str
+) -> tuple[bytes, str, str | None]:
+    nvrtc = _nvrtc()
+    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{kernel_name}.cu".encode(), 0, [], [])
+    _nvrtc_check(nvrtc, result, "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options]
+        # NVRTC releases the GIL here, so several threads compile in parallel.
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _nvrtc_log(nvrtc, prog)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, text = nvrtc.nvrtcGetErrorString(result)
+            raise _fail(f"NVRTC failed ({text.decode(errors='replace')})", source, kernel_name, arch, compiler, log)
+        result, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _nvrtc_check(nvrtc, result, "nvrtcGetCUBINSize")
+        cubin_buf = bytearray(size)
+        (result,) = nvrtc.nvrtcGetCUBIN(prog, cubin_buf)
+        _nvrtc_check(nvrtc, result, "nvrtcGetCUBIN")
+        cubin = bytes(cubin_buf)
+        ptx = None
+        if keep_ptx:
+            result, size = nvrtc.nvrtcGetPTXSize(prog)
+            _nvrtc_check(nvrtc, result, "nvrtcGetPTXSize")
+            buf = bytearray(size)
+            (result,) = nvrtc.nvrtcGetPTX(prog, buf)
+            _nvrtc_check(nvrtc, result, "nvrtcGetPTX")
+            ptx = bytes(buf).rstrip(b"\x00").decode(errors="replace")
+        return cubin, log, ptx
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile_nvcc(
+    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str
+) -> tuple[bytes, str, str | None]:
+    nvcc = _nvcc_path()
+    with tempfile.TemporaryDirectory(prefix="humming_gen-nvcc-") as tmp:
+        src = Path(tmp) / f"{kernel_name}.cu"
+        out = Path(tmp) / f"{kernel_name}.cubin"
+        src.write_text(source)
+        try:
+            proc = subprocess.run(
+                [nvcc, *options, "-o", str(out), str(src)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", cwd=tmp,
+            )
+        except OSError as exc:
+            raise CompilerUnavailableError(f"could not run {nvcc}: {exc}") from exc
+        # Name the source as NVRTC does: the temporary path means nothing once it is deleted.
+        log = proc.stdout.replace(str(src), src.name)
+        if proc.returncode != 0 or not out.exists():
+            raise _fail(f"nvcc failed (exit code {proc.returncode})", source, kernel_name, arch, compiler, log)
+        cubin = out.read_bytes()
+        ptx = None
+        if keep_ptx:
+            ptx_path = Path(tmp) / f"{kernel_name}.ptx"
+            ptx_opts = [o for o in options if o != "-cubin" and not o.startswith("-Xptxas")]
+            proc = subprocess.run(
+                [nvcc, "-ptx", *ptx_opts, "-o", str(ptx_path), str(src)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", cwd=tmp,
+            )
+            ptx = ptx_path.read_text() if proc.returncode == 0 and ptx_path.exists() else None
+    return cubin, log, ptx
+
+
+def compile_source(
+    source: str,
+    kernel_name: str,
+    arch: str,
+    *,
+    compiler: str | None = None,
+    options: tuple[str, ...] = (),
+    debug: bool = False,
+    keep_ptx: bool = False,
+) -> CompiledKernel:
+    """Compile a header-free CUDA source to a cubin for exactly ``arch`` (no cache; see ``cache.py``).
+
+    Args:
+        source: the whole translation unit; it includes no headers.
+        kernel_name: the ``extern "C"`` entry point (also names the saved source on failure).
+        arch: one of ``ARCHS``; generate-only targets such as ``zhenwu810e`` raise.
+        compiler: ``"nvrtc"`` (default, or ``HUMMING_GEN_COMPILER``) or ``"nvcc"``.
+        options: extra compiler options, appended after the defaults.
+        debug: line info and device asserts (also switched on by ``HUMMING_GEN_DEBUG=1``).
+        keep_ptx: also return the PTX (for ``HUMMING_GEN_DUMP``).
+
+    Raises:
+        CompileError: the compiler rejected the source (message holds the log and the saved source path).
+        CompilerUnavailableError: the compiler is missing, or the target cannot be compiled here.
+        ValueError / TypeError: bad arguments.
+    """
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a str, got {type(source).__name__}")
+    if not isinstance(kernel_name, str) or not _KERNEL_NAME.match(kernel_name):
+        raise ValueError(f"kernel_name={kernel_name!r} is not a C identifier (the extern \"C\" entry point)")
+    check_arch(arch)
+    compiler = resolve_compiler(compiler)
+    full_options = resolve_options(arch, compiler, options, debug)
+    version = compiler_version(compiler)
+
+    start = time.perf_counter()
+    back_end = _compile_nvrtc if compiler == "nvrtc" else _compile_nvcc
+    cubin, log, ptx = back_end(source, kernel_name, arch, full_options, keep_ptx, version)
+    seconds = time.perf_counter() - start
+
+    if not cubin:
+        raise _fail(f"{version} produced an empty cubin", source, kernel_name, arch, version, log)
+    entries = parse_ptxas_resources(log)
+    resources = entries.get(kernel_name)
+    if resources is None:
+        functions = entry_functions(cubin)
+        known = sorted(set(entries) | (functions or set()))
+        if known and kernel_name not in known:
+            raise _fail(
+                f"no entry function named {kernel_name!r} in the compiled source (found: {', '.join(known)}); "
+                "the kernel must be declared extern \"C\" __global__",
+                source, kernel_name, arch, version, log,
+            )
+        # NVRTC 13.0 often returns an empty log despite -v: read what the cubin records instead
+        # (no spill counts there).
+        resources = cubin_resources(cubin, kernel_name) or {}
+    return CompiledKernel(
+        kernel_name=kernel_name,
+        arch=arch,
+        cubin=cubin,
+        log=log,
+        compiler=version,
+        options=full_options,
+        resources=resources,
+        compile_seconds=seconds,
+        ptx=ptx,
+    )

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: install the project, run the GPU tests, the sanitizers on a sample, and the benchmark.
+# Usage (on a GPU machine, from the repository root): scripts/gpu_check.sh [pytest -k expression]
+# Full results land in $OUT (default ./out); the short benchmark table is printed last.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HUMMING_GEN_CACHE_DIR=${HUMMING_GEN_CACHE_DIR:-/tmp/hg-cache}
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}; fi
+python3 -m pip install -e . --no-deps --no-build-isolation > "$OUT/install.log" 2>&1 || tail -n 5 "$OUT/install.log"
+export PYTHONPATH=$PWD:${PYTHONPATH:-}  # the checkout wins even where the editable install could not be made
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -m pytest tests/gpu -q -p no:cacheprovider ${1:+-k "$1"} --junitxml="$OUT/gpu-tests.xml" 2>&1 | tail -n 40 | tee "$OUT/gpu-tests.log"
+if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --print-limit 20 python3 bench/sanitize_sample.py > "$OUT/sanitize-$tool.log" 2>&1
+    echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
+  done
+fi
+python3 bench/bench_dense.py --out "$OUT" ${HG_BENCH_ARGS:-}
