@@ -115,27 +115,37 @@ def main() -> None:
     print_table(results, ms)
 
 
-def sweep(results, qws, xs) -> None:
-    """Time tuning variants at decode sizes (one layer set per variant, every layout re-packed)."""
-    from humming_gen.config import LayerConfig
-    from humming_gen.heuristics import choose_tunings
-    from humming_gen.targets import Target
+SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
+    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=st, split_k=sk)
+        for bn, wn in ((128, 2), (64, 1)) for st in (4, 6) for sk in (1, 2, 4)],
+    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=st, split_k=sk)
+         for bn, wn in ((128, 2), (64, 1)) for st in (4, 6) for sk in (1, 2, 4)],
+    256: [dict(block_m=bm, block_n=128, warps_n=2, block_k=bk, warps_m=wm, warps_k=wk, stages=st)
+          for bm, wm, wk, bk, st in ((64, 2, 2, 128, 4), (128, 2, 1, 64, 4), (128, 4, 1, 64, 4), (64, 1, 2, 128, 4))],
+    4096: [dict(block_m=bm, block_n=128, warps_n=2, block_k=bk, warps_m=wm, warps_k=1, stages=st)
+           for bm, wm, bk, st in ((128, 2, 64, 4), (128, 4, 64, 4), (256, 4, 64, 3), (128, 2, 128, 4))],
+}
 
-    variants = [dict(block_n=bn, warps_n=wn, stages=st, split_k=sk)
-                for bn, wn in ((128, 2), (64, 1), (256, 4)) for st in (4, 6) for sk in (1, 2, 4)]
-    for v in variants:
-        try:
-            plan = choose_tunings(LayerConfig(n=qws[0].n, k=qws[0].k, scheme=qws[0].scheme), Target.current(), **v)
-            layers = [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]
-        except Exception as e:  # a variant may not fit (shared memory, layout)
-            print(f"sweep {v}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+
+def sweep(results, qws, xs) -> None:
+    """Time one-bucket layers built from each candidate tuning (each layout re-packed)."""
+    from humming_gen.config import TuningConfig
+    from humming_gen.heuristics import TuningPlan
+
+    for m, candidates in SWEEP.items():
+        if m not in xs:
             continue
-        for m in (1, 16):
-            if m in xs:
+        for fields in candidates:
+            try:
+                plan = TuningPlan(((None, TuningConfig(**fields)),))
+                layers = [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]
                 t = graph_time_us(layers, xs[m])
-                results.setdefault("sweep", []).append({"m": m, **v, "graph_us": t})
-                print(f"sweep {v} m={m}: {t:.1f} us", flush=True)
-        del layers
+            except Exception as e:  # a candidate may not fit (shared memory, layout)
+                print(f"sweep m={m} {fields}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+                continue
+            results.setdefault("sweep", []).append({"m": m, **fields, "graph_us": t})
+            print(f"sweep m={m} {fields}: {t:.1f} us", flush=True)
+            del layers
 
 
 def print_table(results, ms) -> None:

@@ -113,7 +113,7 @@ class Kernel:
         values = [ptrs[name] for name in self._pointer_fields] + [m, x.stride(0), out.stride(0)]
         params = self._struct.pack(*values)
         fn = self._function(x.device.index or 0)
-        launch(fn, plan.grid(m), (plan.threads, 1, 1), plan.shared_bytes, params)
+        launch(fn, plan.grid(m), (plan.threads, 1, 1), plan.shared_bytes, params, pdl=plan.pdl)
         return out
 
 

@@ -6,9 +6,10 @@ the caller's job, the size is checked against what the driver reports).
 
 Host overhead is part of performance, so the hot path does little: the ``CUlaunchConfig`` (grid,
 block, shared memory, cluster and PDL attributes, stream) is built and validated once per distinct
-launch shape and kept on the kernel; each call copies the params into a ctypes buffer, builds the
-one-element ``void*`` array that ``kernelParams`` points to, and passes its address as an int, which
-``cuda.bindings`` takes as a ready ``void**`` without inspecting it.
+launch shape and kept on the kernel. Each thread gets, once per kernel, a params buffer and a
+one-element ``void*`` array pointing at it; a call copies ``params`` into that buffer and passes
+the array's address as an int for ``kernelParams``, which ``cuda.bindings`` takes as a ready
+``void**`` without inspecting it (a tuple of values and ctypes types would be repacked per call).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from humming_gen.runtime.module import LoadedKernel, driver, error_string
 
-#: Launch configs kept per kernel before the oldest shapes are forgotten (a bound, not a tuning knob).
+#: Distinct launch shapes kept per kernel; past this many the cache starts over (a bound on memory).
 MAX_CONFIGS_PER_KERNEL = 256
 
 _VoidPtrArray1 = ctypes.c_void_p * 1
@@ -130,13 +131,15 @@ def _make_config(
     return config, attrs  # attrs kept alive beside the config that points at them
 
 
-def _params_error(kernel: LoadedKernel, params: Any) -> Exception:
+def _params_error(kernel: LoadedKernel, params: Any, expected: int | None) -> Exception:
     try:
         size = len(params)
     except TypeError:
         return TypeError(f"params must be bytes-like (struct.pack output), got {type(params).__name__}")
+    if size == 0:
+        return ValueError(f"params is empty; kernel {kernel.kernel_name!r} takes one by-value struct")
     return ValueError(
-        f"params is {size} bytes but kernel {kernel.kernel_name!r} takes a {kernel.param_size}-byte "
+        f"params is {size} bytes but kernel {kernel.kernel_name!r} takes a {expected}-byte "
         "struct (check the struct.pack format, padding included)"
     )
 
@@ -151,11 +154,12 @@ def _params_slot(kernel: LoadedKernel, params: Any) -> tuple[bytearray, int]:
         try:
             size = len(params)
         except TypeError:
-            raise _params_error(kernel, params) from None
-    buf = bytearray(max(size, 1))
-    view = (ctypes.c_char * len(buf)).from_buffer(buf)  # pins buf: it can no longer be resized
+            raise _params_error(kernel, params, None) from None
+    if size <= 0:
+        raise _params_error(kernel, params, size)
+    buf = bytearray(size)
+    view = (ctypes.c_char * size).from_buffer(buf)  # pins buf: it can no longer be resized
     argv = _VoidPtrArray1(ctypes.addressof(view))
-    del buf[size:] if False else None  # (kept for symmetry; buf is exactly `size` long when size > 0)
     kernel._params_slots.slot = (buf, ctypes.addressof(argv))
     kernel._params_slots.keep_alive = (view, argv)
     return buf, ctypes.addressof(argv)
@@ -211,7 +215,7 @@ def launch(
         # the launch call, so the buffer is free again when the call returns.
         buf[:] = params
     except (TypeError, ValueError, BufferError):
-        raise _params_error(kernel, params) from None
+        raise _params_error(kernel, params, len(buf)) from None
     if _launch_fn is None:
         _bind_driver()
     try:

@@ -27,7 +27,8 @@ from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
 SECTION_ORDER = ("ptx", "numeric", "memory", "mma", "schedule", "epilogue", "pipeline")
-PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "fma2", "cvt_pack", "cvt_scalar", "global_sync")
+PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "fma2", "cvt_pack", "cvt_scalar", "global_sync",
+             "grid_dependency")
 
 
 class ComposeError(ValueError):
@@ -64,6 +65,7 @@ class KernelPlan:
     out_scale: bool
     shared_bytes: int
     threads: int
+    pdl: bool
 
     def grid(self, m: int) -> tuple[int, int, int]:
         t = self.tuning
@@ -209,13 +211,16 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKReduce(split_k=t.split_k))
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=bool(out_scale),
                                 bias=layer.has_bias))
+    pdl = target.has("pdl")
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
-                                warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm)
+                                hoist_group_params=bool(group and group.group_size % warp_k == 0),
+                                warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
+                                pdl=pdl)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     used_ptx = {"prmt"} if group is not None else set()
     for c in body:
         used_ptx.update(getattr(c, "ptx", ()))
-    ptx = [wrapper(p, dtype, layer.out_dtype) for p in PTX_ORDER if p in used_ptx]
+    ptx = [wrapper(p, dtype, layer.out_dtype, layer.has_bias) for p in PTX_ORDER if p in used_ptx]
     components = tuple(ptx + body)
 
     # --- shared memory ---------------------------------------------------------------------------
@@ -282,7 +287,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                       components=components, constants=tuple(constants), param_fields=tuple(fields),
                       b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group=group, zero_point=s.zero_point,
                       converter_bias=converter.bias, code_offset=offset, out_scale=bool(out_scale),
-                      shared_bytes=shared, threads=t.threads)
+                      shared_bytes=shared, threads=t.threads, pdl=pdl)
 
 
 def describe(plan: KernelPlan) -> list[str]:

@@ -27,6 +27,7 @@ FEATURES = frozenset({
     "wgmma",           # warpgroup MMA (sm_90a only)
     "clusters",        # thread block clusters, distributed shared memory
     "setmaxnreg",      # per-warpgroup register reallocation
+    "pdl",             # programmatic dependent launch: griddepcontrol.wait / launch_dependents (sm_90+)
     "tcgen05",         # Blackwell UMMA with tensor memory
     "tcgen05_int8",    # tcgen05.mma kind::i8 (sm_100a; not sm_103a)
     "mx_block_scale",  # MMA applies e8m0 / e4m3 block scales itself (MXFP8, MXFP4, NVFP4)

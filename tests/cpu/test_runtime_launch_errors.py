@@ -99,12 +99,40 @@ def test_launch_without_driver_raises_runtime_error() -> None:
     assert len(kernel._launch_configs) == 2  # built once per shape, reused after
 
 
-def test_unknown_param_size_trusts_the_caller() -> None:
+def test_unknown_param_size_trusts_the_first_launch() -> None:
     kernel = fake_loaded(param_size=None)
-    assert kernel._params_type is None
+    params = PARAMS + b"\0" * 8
     if not _has_gpu():
         with pytest.raises(RuntimeError, match="cuLaunchKernelEx"):
-            launch(kernel, (1, 1, 1), (32, 1, 1), 0, PARAMS + b"\0" * 8, stream=0)
+            launch(kernel, (1, 1, 1), (32, 1, 1), 0, params, stream=0)
+        with pytest.raises(ValueError, match="16 bytes.*24-byte struct"):
+            launch(kernel, (1, 1, 1), (32, 1, 1), 0, PARAMS, stream=0)
+    with pytest.raises(ValueError, match="params is empty"):
+        launch(fake_loaded(param_size=None), (1, 1, 1), (32, 1, 1), 0, b"", stream=0)
+
+
+def test_params_buffer_is_per_thread() -> None:
+    """Two threads launching one kernel must not share the buffer the driver reads from."""
+    import threading
+
+    kernel = fake_loaded()
+    seen = []
+    both_recorded = threading.Barrier(2)  # keep each thread (and its buffer) alive until both are seen
+
+    def first_launch() -> None:
+        try:
+            launch(kernel, (2, 1, 1), (128, 1, 1), 0, PARAMS, stream=0)
+        except RuntimeError:
+            pass  # no driver here; the buffer is set up before the call
+        seen.append(kernel._params_slots.slot[1])
+        both_recorded.wait(timeout=10)
+
+    threads = [threading.Thread(target=first_launch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(seen)) == 2
 
 
 def test_loaded_kernel_figures() -> None:

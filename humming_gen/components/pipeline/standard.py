@@ -16,9 +16,15 @@ class StandardPipeline(Component):
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
     kernel_name: str
     group_params: tuple[str, ...]
+    hoist_group_params: bool  # a warp's k slice of a stage lies in one group: load its scales once per stage
     warp_k_reduce: bool
     split_k: bool
     min_blocks: int
+    pdl: bool
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("grid_dependency",) if self.pdl else ()
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}

@@ -69,9 +69,19 @@ class CvtScalar(Component):
     family: ClassVar[str] = "ptx"
     dtype: str
     out_dtype: str
+    to_float: bool
 
     def extra_context(self) -> dict:
         return {"ptx_scalar": PTX_SCALAR_TYPE[self.dtype], "ptx_out": PTX_SCALAR_TYPE.get(self.out_dtype)}
+
+
+@attrs.frozen
+class GridDependency(Component):
+    """griddepcontrol: overlap the prologue with the previous kernel's tail."""
+
+    template: ClassVar[str] = "ptx/grid_dependency.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"pdl"})
 
 
 @attrs.frozen
@@ -84,13 +94,13 @@ class GlobalSync(Component):
 
 WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "fma2": Fma2,
-    "cvt_pack": CvtPack, "cvt_scalar": CvtScalar, "global_sync": GlobalSync,
+    "cvt_pack": CvtPack, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
 }
 TYPED = {"fma2", "cvt_pack"}
 
 
-def wrapper(name: str, dtype: str, out_dtype: str) -> Component:
+def wrapper(name: str, dtype: str, out_dtype: str, bias: bool) -> Component:
     cls = WRAPPERS[name]
     if name == "cvt_scalar":
-        return cls(dtype=dtype, out_dtype=out_dtype)
+        return cls(dtype=dtype, out_dtype=out_dtype, to_float=bias)
     return cls(dtype=dtype) if name in TYPED else cls()

@@ -16,8 +16,8 @@ import torch
 
 from humming_gen.schemes.converters.bits import pack, unpack
 from humming_gen.schemes.converters.common import (
-    Tensors, check_dtype, check_shape, f32, g_idx_of, group_order, named, offset_to_signed, scale_dtype_name,
-    torch_scale_dtype)
+    Tensors, check_dtype, check_shape, config_get, f32, g_idx_of, group_order, named, offset_to_signed,
+    scale_dtype_name, torch_scale_dtype)
 from humming_gen.schemes.scheme import QuantizedWeight, QuantScheme
 
 BITS = (2, 3, 4, 8)
@@ -36,7 +36,7 @@ def _settings(cfg: dict[str, Any]) -> tuple[int, int, bool, bool]:
     pack_dtype = str(cfg.get("pack_dtype") or "int32").replace("torch.", "")
     if pack_dtype != "int32":
         raise ValueError(f"GPTQ pack_dtype {pack_dtype!r} is not supported (only int32 words)")
-    group_size = int(cfg.get("group_size", -1) if cfg.get("group_size") is not None else -1)
+    group_size = int(config_get(cfg, "group_size", default=-1))
     if group_size == 0 or group_size < -1:
         raise ValueError(f"GPTQ group_size must be -1 or positive, got {group_size}")
     return bits, group_size, bool(cfg.get("sym", True)), fmt == "gptq"
