@@ -116,14 +116,10 @@ def main() -> None:
 
 
 SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
-    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=st, split_k=sk)
-        for bn, wn in ((128, 2), (64, 1)) for st in (4, 6) for sk in (1, 2, 4)],
-    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=st, split_k=sk)
-         for bn, wn in ((128, 2), (64, 1)) for st in (4, 6) for sk in (1, 2, 4)],
-    256: [dict(block_m=bm, block_n=128, warps_n=2, block_k=bk, warps_m=wm, warps_k=wk, stages=st)
-          for bm, wm, wk, bk, st in ((64, 2, 2, 128, 4), (128, 2, 1, 64, 4), (128, 4, 1, 64, 4), (64, 1, 2, 128, 4))],
-    4096: [dict(block_m=bm, block_n=128, warps_n=2, block_k=bk, warps_m=wm, warps_k=1, stages=st)
-           for bm, wm, bk, st in ((128, 2, 64, 4), (128, 4, 64, 4), (256, 4, 64, 3), (128, 2, 128, 4))],
+    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
+        for bn, wn in ((128, 2), (64, 1)) for sk in (1, 2, 3)],
+    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
+         for bn, wn in ((128, 2), (64, 1)) for sk in (1, 2, 3)],
 }
 
 

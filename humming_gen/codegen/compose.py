@@ -17,8 +17,8 @@ from humming_gen.components.memory.loaders import ATileCpAsync, BTileCpAsync, Gr
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.numeric.convert import kernel_codes_offset, select_converter
 from humming_gen.components.numeric.extract import PlaneExtract
-from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPointScale, SubtractOffset,
-                                                         SubtractOffsetScale)
+from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
+                                                         SubtractOffset, SubtractOffsetScale)
 from humming_gen.components.pipeline.standard import StandardPipeline, offset_constant
 from humming_gen.components.ptx.wrappers import wrapper
 from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
@@ -84,6 +84,7 @@ class KernelPlan:
         return gx * gy if self.tuning.split_k > 1 else 0
 
 
+SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 K_ALIGN = 256  # K is padded to a multiple of this; every block_k divides it, so a layer's kernels share weights
 
 
@@ -114,10 +115,13 @@ def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int, reasons: l
     return GroupPlan(group_size=g, rows=math.ceil(k_pad / g), rows_per_stage=max(1, bk // g), tensors=tensors)
 
 
-def _scale_apply(plan_group: GroupPlan | None, zero_point: str | None, converter, offset: int, dtype: str):
+def _scale_apply(plan_group: GroupPlan | None, zero_point: str | None, converter, offset: int, dtype: str,
+                 slice_scale: bool):
     bias = converter.bias
-    if plan_group is None:
+    if plan_group is None or (slice_scale and zero_point is None):
         return SubtractOffset(dtype=dtype, offset=bias + offset)
+    if slice_scale:
+        return IntZeroPoint(dtype=dtype)
     if zero_point is None:
         return SubtractOffsetScale(dtype=dtype, offset=bias + offset)
     if zero_point == "int":
@@ -196,12 +200,17 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     name = kernel_name(layer, t, target)
 
     # --- components, by family ---------------------------------------------------------------
-    numeric: list[Component] = [PlaneExtract(bits=s.weight.bits), converter,
-                                _scale_apply(group, s.zero_point, converter, offset, dtype)]
+    # Where a warp's stage slice lies in one group and few m tiles share each weight, the group scale is applied
+    # to the slice's fp32 partial sums (per row, once per stage) instead of to every dequantized weight.
+    hoist = bool(group and group.group_size % warp_k == 0)
+    slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
+    apply = _scale_apply(group, s.zero_point, converter, offset, dtype, slice_scale)
+    numeric: list[Component] = [PlaneExtract(bits=s.weight.bits), converter, apply]
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:
-        memory.append(GroupParamsCpAsync(dtype=dtype, tensors=group.tensors))
+        memory.append(GroupParamsCpAsync(dtype=dtype, tensors=group.tensors, float_scales=slice_scale,
+                                         pair_loads=not slice_scale or s.zero_point is not None))
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
     schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
@@ -213,11 +222,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 bias=layer.has_bias))
     pdl = target.has("pdl")
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
-                                hoist_group_params=bool(group and group.group_size % warp_k == 0),
+                                hoist_group_params=hoist, slice_scale=slice_scale,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    used_ptx = {"prmt"} if group is not None else set()
+    used_ptx: set[str] = set()
     for c in body:
         used_ptx.update(getattr(c, "ptx", ()))
     ptx = [wrapper(p, dtype, layer.out_dtype, layer.has_bias) for p in PTX_ORDER if p in used_ptx]

@@ -14,8 +14,11 @@ import attrs
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.targets import Target
 
-# (largest M of the bucket, block_m, warps_m, warps_k); the last bucket is open-ended.
-BUCKETS = ((8, 8, 1, 4), (16, 16, 1, 4), (32, 32, 1, 4), (64, 64, 2, 2), (128, 128, 4, 1), (None, 128, 4, 1))
+# (largest M of the bucket, block_m, warps_m, warps_k, max stages); the last bucket is open-ended.
+# Measured on the H200 (bench/bench_dense.py --sweep, W4A16 8192x8192): 4 stages suffice at small M, and at
+# large M a 64-row warp tile (warps_m=2) beats four 32-row warps that each dequantize the same weights.
+BUCKETS = ((8, 8, 1, 4, 4), (16, 16, 1, 4, 4), (32, 32, 1, 4, 4), (64, 64, 1, 2, 4), (256, 64, 1, 2, 4),
+           (None, 128, 2, 1, 4))
 LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
 SMEM_BUDGET_FRACTION = 0.9
 
@@ -59,10 +62,10 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     n_blocks = math.ceil(layer.n / block_n)
     budget = int(target.smem_per_block_optin * SMEM_BUDGET_FRACTION)
     buckets = []
-    for m_max, block_m, warps_m, warps_k in BUCKETS:
+    for m_max, block_m, warps_m, warps_k, max_stages in BUCKETS:
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
-        stages = max(2, min(6, budget // _stage_bytes(layer, block_m, block_n, block_k)))
+        stages = max(2, min(max_stages, budget // _stage_bytes(layer, block_m, block_n, block_k)))
         split = _split_k(layer, target, n_blocks * m_blocks, block_k) if m_max is not None and m_max <= 64 else 1
         fields = dict(block_m=block_m, block_n=block_n, block_k=block_k, warps_m=warps_m, warps_n=warps_n,
                       warps_k=warps_k, stages=stages, split_k=split)

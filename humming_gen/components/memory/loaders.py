@@ -44,6 +44,11 @@ class GroupParamsCpAsync(Component):
     template: ClassVar[str] = "memory/group_params_cp_async.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
-    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async", "prmt")
     dtype: str
     tensors: tuple[str, ...]
+    float_scales: bool  # read scales as fp32 (group scale applied to fp32 partial sums)
+    pair_loads: bool  # read (row g, row g + 8) pairs broadcast into 16-bit pairs (scales or zero points)
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("smem_address", "cp_async") + (("prmt",) if self.pair_loads else ())

@@ -64,6 +64,14 @@ class IntZeroPointScale(_ScaleApply):
 
 
 @attrs.frozen
+class IntZeroPoint(_ScaleApply):
+    """value = x - (bias + zero point); the group scale is applied to fp32 partial sums later."""
+
+    def expression(self) -> str:
+        return f"fma2(x, {pair_hex(1.0, self.dtype)}u, zero)"
+
+
+@attrs.frozen
 class FloatZeroPointScale(_ScaleApply):
     """value = (x - bias) * scale - z * scale; `zero` holds -z * scale (a float zero point)."""
 

@@ -17,6 +17,7 @@ class StandardPipeline(Component):
     kernel_name: str
     group_params: tuple[str, ...]
     hoist_group_params: bool  # a warp's k slice of a stage lies in one group: load its scales once per stage
+    slice_scale: bool  # group scale applied to the stage's fp32 partial sums, not to every weight
     warp_k_reduce: bool
     split_k: bool
     min_blocks: int
