@@ -100,6 +100,10 @@ def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int, reasons: l
     s = layer.scheme
     if s.granularity == "group":
         g = kernel_group_size(s.group_size)
+        if g % 16:
+            reasons.append(f"scheme group_size={s.group_size} is not a multiple of 16 (the mma k step); the standard "
+                           f"pipeline serves group sizes that are multiples of 16")
+            return None
     elif s.granularity == "block":
         g = kernel_group_size(s.block_size[1])
     elif s.granularity == "channel" and s.zero_point is not None:
