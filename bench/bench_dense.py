@@ -116,10 +116,12 @@ def main() -> None:
 
 
 SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
-    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
-        for bn, wn in ((128, 2), (64, 1)) for sk in (1, 2, 3)],
-    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
-         for bn, wn in ((128, 2), (64, 1)) for sk in (1, 2, 3)],
+    1: [dict(block_m=8, block_n=128, warps_n=2, block_k=bk, warps_k=bk // 64, stages=st, split_k=sk, ctas_per_sm=c)
+        for bk, st, sk, c in ((256, 4, 2, 1), (256, 3, 2, 1), (256, 5, 2, 1), (256, 4, 2, 2), (256, 3, 4, 2),
+                              (128, 6, 4, 2), (128, 8, 2, 1), (128, 6, 2, 1))],
+    16: [dict(block_m=16, block_n=128, warps_n=2, block_k=bk, warps_k=bk // 64, stages=st, split_k=sk, ctas_per_sm=c)
+         for bk, st, sk, c in ((256, 4, 2, 1), (256, 3, 2, 1), (256, 4, 2, 2), (256, 3, 4, 2), (128, 6, 4, 2),
+                               (128, 8, 2, 1))],
 }
 
 

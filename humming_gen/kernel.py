@@ -119,8 +119,17 @@ class Kernel:
 
 def generate(plan: KernelPlan, compiler: str | None = None) -> str:
     """The kernel source of a plan (deterministic: same configs, same text)."""
-    return render(plan, key=plan_key(plan.layer, plan.compute, plan.tuning, plan.target),
-                  compiler=resolve_compiler(compiler), options="-O3 -std=c++17")
+    from humming_gen.runtime import compiler_version
+    from humming_gen.runtime.compile import resolve_options
+
+    name = resolve_compiler(compiler)
+    try:
+        version = compiler_version(name)
+        options = " ".join(resolve_options(plan.target.arch, name))
+    except Exception:  # no such compiler or arch here (zhenwu810e): the source is still generated
+        version, options = name, "(not compiled here)"
+    return render(plan, key=plan_key(plan.layer, plan.compute, plan.tuning, plan.target), compiler=version,
+                  options=options)
 
 
 def build(plan: KernelPlan, *, compiler: str | None = None, compile: bool = True) -> Kernel:

@@ -173,6 +173,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     except ValueError as e:
         reasons.append(str(e))
         converter = None
+    if target.has("ppu_variants"):
+        reasons.append(f"target {target.name}: its mma back end (ppu.-prefixed mma / ldmatrix, N=16 tiles with "
+                       f"N-before-M accumulator fragments) is not generated yet")
     if layer.dtype == "bfloat16" and not target.has("mma_bf16"):
         reasons.append(f"target {target.name} has no bf16 mma; use float16 activations")
 
@@ -294,7 +297,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if t.split_k > 1:
         fields += [("workspace", "void*", "fp32 split-K partial tiles"),
                    ("counters", "void*", "int32 arrival counter per output tile, zero between launches")]
-    fields += [("m", "int", "rows of a and c"), ("lda", "int", ""), ("ldc", "int", "")]
+    fields += [("m", "int", "rows of a and c"), ("lda", "int", "row stride of a, elements"),
+               ("ldc", "int", "row stride of c, elements")]
 
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, kernel_name=name,
                       components=components, constants=tuple(constants), param_fields=tuple(fields),

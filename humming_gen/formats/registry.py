@@ -19,7 +19,6 @@ _STANDARD: dict[str, DType] = {
     "float8e8m0": FloatType(8, 0, signed=False, nan="all_ones", subnormals=False, name="float8e8m0"),
     # Blackwell's hidden E3M4 is fn-style like E4M3FN (FORMATS.md 1.7): the all-ones code is reserved, max +-30;
     # a generic reading (max 31) would let quantizers emit a code the hardware does not decode as 31.
-    "float8e3m4": FloatType(3, 4, nan="all_ones", name="float8e3m4"),
 }
 
 _ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",

@@ -17,14 +17,15 @@ _OUT_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": t
 class QuantLinear(torch.nn.Module):
     """y = x @ W^T (+ bias) with W quantized. Build with `from_float` or `from_quantized`.
 
-    All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
+    weight_only=True runs a scheme that also quantizes activations (FP8, W4A8, NVFP4 checkpoints) with 16-bit
+    activations instead, i.e. as weight-only quantization. All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
     packed copy of the weight; `forward` picks the kernel for the batch's row count.
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, *, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, tunings: TuningPlan | None = None,
-                 out_dtype: torch.dtype | None = None, compiler: str | None = None):
+                 out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.kernel import _resolve_target, build_many
@@ -36,6 +37,15 @@ class QuantLinear(torch.nn.Module):
         if qweight.codes.dim() != 2:
             raise ValueError(f"QuantLinear takes a (N, K) weight; got codes of shape {tuple(qweight.codes.shape)} "
                              f"(MoE weights need QuantMoE)")
+        if qweight.scheme.activation is not None:
+            if not weight_only:
+                raise ValueError(
+                    f"the scheme quantizes activations ({qweight.scheme.activation.dtype.name}, "
+                    f"{qweight.scheme.activation.granularity}); kernels with quantized activations are not generated "
+                    f"yet. Pass weight_only=True to run the weights with {_DTYPE_NAME[dtype]} activations")
+            import attrs
+
+            qweight = attrs.evolve(qweight, scheme=attrs.evolve(qweight.scheme, activation=None))
         out_dtype = out_dtype or dtype
         if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")

@@ -23,7 +23,7 @@ FLOAT_FORMATS: dict[str, tuple[int, int, bool, str]] = {
     "float8e8m0": (8, 0, False, "all_ones"),
     "float8e0m7": (0, 7, True, "none"),
     "float4e0m3": (0, 3, True, "none"),
-    "float8e3m4": (3, 4, True, "all_ones"),
+    "float8e3m4": (3, 4, True, "none"),
     "float2e0m1": (0, 1, True, "none"),
     "float3e1m1": (1, 1, True, "none"),
     "float5e2m2": (2, 2, True, "none"),

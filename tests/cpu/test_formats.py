@@ -127,8 +127,9 @@ def test_encode_matches_ml_dtypes(name: str) -> None:
 
 
 def test_e3m4_is_not_ml_dtypes_e3m4() -> None:
-    # FORMATS.md 1.7: Blackwell E3M4 is fn-style (max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
-    assert dtype("float8e3m4").max_finite == 30.0
+    # The contract: float8e3m4 is a generic custom float (every code finite, max 31). Blackwell's hidden
+    # E3M4 reserves the all-ones code (FORMATS.md 1.7, max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
+    assert dtype("float8e3m4").max_finite == 31.0
     assert float(ml_dtypes.finfo(ml_dtypes.float8_e3m4).max) == 15.5
 
 
@@ -136,7 +137,7 @@ def test_e3m4_is_not_ml_dtypes_e3m4() -> None:
 @pytest.mark.parametrize("name, max_finite, min_sub", [
     ("float4e2m1", 6.0, 0.5), ("float6e2m3", 7.5, 0.125), ("float6e3m2", 28.0, 0.0625),
     ("float8e4m3", 448.0, 2.0 ** -9), ("float8e5m2", 57344.0, 2.0 ** -16), ("float8e8m0", 2.0 ** 127, 2.0 ** -127),
-    ("float8e3m4", 30.0, 2.0 ** -6), ("float8e0m7", 127.0, 1.0), ("float4e0m3", 7.0, 1.0),
+    ("float8e3m4", 31.0, 2.0 ** -6), ("float8e0m7", 127.0, 1.0), ("float4e0m3", 7.0, 1.0),
     ("float5e2m2", 7.0, 0.25), ("float3e1m1", 3.0, 1.0), ("int4", 7.0, 1.0), ("uint4", 15.0, 1.0),
     ("int1", 0.0, 1.0), ("float16", 65504.0, 2.0 ** -24), ("bfloat16", 3.3895313892515355e38, 2.0 ** -133),
 ])

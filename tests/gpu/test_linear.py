@@ -133,3 +133,30 @@ def test_shared_memory_matches_loaded_function():
     assert loaded.num_regs == kernel.resources["registers"]
     if loaded.param_size is not None:
         assert loaded.param_size == kernel._struct.size
+
+
+def test_act_order_permutation_and_unaligned_k():
+    """k_perm (GPTQ act-order) permutes activation columns; K % 8 != 0 pads activations on the host."""
+    torch.manual_seed(1)
+    n, k = 384, 1004
+    qw = hg.QuantScheme("uint4", group_size=128, zero_point="int").quantize(torch.randn(n, k, device="cuda") * 0.05)
+    qw.k_perm = torch.randperm(k, device="cuda")
+    layer = hg.QuantLinear.from_quantized(qw)
+    for m in (1, 37):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        y = layer(x)
+        ref = reference_gemm(x.double(), qw)
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        assert err < TOLERANCE[torch.bfloat16], f"m={m}: relative error {err}"
+
+
+def test_weight_only_fp8_checkpoint_scheme():
+    """A scheme that quantizes activations runs weight-only when asked, and refuses clearly otherwise."""
+    qw = hg.scheme("w8a8-fp8-channel").quantize(torch.randn(512, 768, device="cuda") * 0.05)
+    with pytest.raises(ValueError, match="weight_only=True"):
+        hg.QuantLinear.from_quantized(qw)
+    layer = hg.QuantLinear.from_quantized(qw, weight_only=True)
+    x = torch.randn(5, 768, device="cuda").bfloat16()
+    ref = reference_gemm(x.double(), qw, quantize_input=False)
+    err = ((layer(x).double() - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[torch.bfloat16]

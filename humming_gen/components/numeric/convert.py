@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
+import torch
 
 from humming_gen.components.base import Component
-from humming_gen.components.numeric.halfbits import BIAS, EXPONENT_BITS, MANTISSA_BITS, bits16, lanes_hex, pair_hex
+from humming_gen.components.numeric.halfbits import (BIAS, EXPONENT_BITS, MANTISSA_BITS, TORCH_DTYPE, bits16, lanes_hex,
+                                                     pair_hex)
 from humming_gen.formats import DType, FloatType, IntType
 
 
@@ -47,7 +49,16 @@ class Int8ViaFp32Convert(Component):
     bias: ClassVar[float] = 0.0
 
     def emulate(self, lane_code: int) -> float:
-        return float(lane_code)
+        """Python model of convert_pair for a code in both lanes: prmt places each lane's byte under the fp32
+        magic 2^23 (selectors 0x7650 / 0x7652 of the template), 2^23 is subtracted in fp32, cvt.rn packs."""
+        word = (lane_code & 0xFFFF) * 0x10001
+        lanes = []
+        for selector in (0x7650, 0x7652):
+            placed = _prmt(word, 0x4B000000, selector)
+            value = float(torch.tensor(_f32_of_bits(placed), dtype=torch.float32) - 8388608.0)  # fp32 subtract
+            lanes.append(_lane_value(_round_bits(value, self.dtype), self.dtype))
+        assert lanes[0] == lanes[1], f"lanes disagree: {lanes}"
+        return lanes[0]
 
 
 @attrs.frozen
@@ -85,6 +96,19 @@ class FloatPlaceConvert(Component):
             ctx["exp_scale_hex"] = pair_hex(2.0 ** self.exponent_shift, self.dtype)
         return ctx
 
+    def emulate(self, lane_code: int) -> float:
+        """Python model of convert_pair on the low 16-bit lane, built from the constants the template renders:
+        mask and shift the magnitude under the compute type's mantissa MSB, move the sign to bit 15, then the
+        packed fma by 2^exponent_shift (adding -0) when there is one. Returns the value after that multiply."""
+        ctx = self.extra_context()
+        x = (lane_code & _low(ctx["magnitude_mask"])) << ctx["magnitude_shift"]
+        if self.signed:
+            x |= (lane_code & _low(ctx["sign_mask"])) << ctx["sign_shift"]
+        assert x <= 0xFFFF, f"code {lane_code:#x} spills into the neighbouring lane ({x:#x})"
+        if ctx["exp_scale_hex"] is not None:
+            x = _fma2_lane(x, _low(ctx["exp_scale_hex"]), _low(ctx["neg_zero_hex"]), self.dtype)
+        return _lane_value(x, self.dtype)
+
 
 @attrs.frozen
 class SignMagnitudeConvert(Component):
@@ -104,6 +128,16 @@ class SignMagnitudeConvert(Component):
                 "magic_value": int(magic), "magic_hex": pair_hex(magic, self.dtype),
                 "one_hex": pair_hex(1.0, self.dtype), "neg_magic_hex": pair_hex(-magic, self.dtype),
                 "sign_mask": lanes_hex(1 << (self.bits - 1)), "sign_shift": 16 - self.bits}
+
+    def emulate(self, lane_code: int) -> float:
+        """Python model of convert_pair on the low 16-bit lane: (magnitude | magic) * 1 - magic with one packed
+        fma, then the sign bit XOR-ed into bit 15 (so a negative zero code gives -0)."""
+        ctx = self.extra_context()
+        placed = (lane_code & _low(ctx["magnitude_mask"])) | _low(ctx["magic_hex"])
+        magnitude = _fma2_lane(placed, _low(ctx["one_hex"]), _low(ctx["neg_magic_hex"]), self.dtype)
+        x = magnitude ^ ((lane_code & _low(ctx["sign_mask"])) << ctx["sign_shift"])
+        assert x <= 0xFFFF, f"code {lane_code:#x} spills into the neighbouring lane ({x:#x})"
+        return _lane_value(x, self.dtype)
 
 
 def select_converter(weight: DType, dtype: str) -> Component:
@@ -133,3 +167,43 @@ def kernel_codes_offset(weight: DType) -> int:
 
 def check_exact(value: float, dtype: str) -> None:
     bits16(value, dtype)
+
+
+# --- helpers of the `emulate` models (Python stand-ins for the 16-bit lane arithmetic) ----------------------
+def _low(hex_literal: str) -> int:
+    """Low 16-bit lane of a rendered pair constant such as "0x43004300"."""
+    return int(hex_literal, 16) & 0xFFFF
+
+
+def _lane_value(bits: int, dtype: str) -> float:
+    """The 16-bit pattern `bits` read as a `dtype` value."""
+    signed = bits - 0x10000 if bits & 0x8000 else bits
+    return torch.tensor([signed], dtype=torch.int16).view(TORCH_DTYPE[dtype]).item()
+
+
+def _round_bits(value: float, dtype: str) -> int:
+    """16-bit pattern of `value` rounded to nearest even in `dtype` (the .rn of fma and cvt)."""
+    return torch.tensor([value], dtype=torch.float64).to(TORCH_DTYPE[dtype]).view(torch.int16).item() & 0xFFFF
+
+
+def _fma2_lane(a: int, b: int, c: int, dtype: str) -> int:
+    """One lane of fma.rn.{bf16x2,f16x2}: a * b + c with a single rounding (exact in float64 for 16-bit inputs
+    whose sum needs no more than float64's precision, which holds for every constant the converters use)."""
+    return _round_bits(_lane_value(a, dtype) * _lane_value(b, dtype) + _lane_value(c, dtype), dtype)
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """prmt.b32 (default mode): result byte i = byte selector[i] of the 8-byte {b, a} (a is bytes 0-3)."""
+    pool = (a & 0xFFFFFFFF).to_bytes(4, "little") + (b & 0xFFFFFFFF).to_bytes(4, "little")
+    out = 0
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        assert not nibble & 8, "sign-replicating selectors are not modelled"
+        out |= pool[nibble] << (8 * i)
+    return out
+
+
+def _f32_of_bits(bits: int) -> float:
+    """The 32-bit pattern `bits` read as an fp32 value."""
+    signed = bits - (1 << 32) if bits & 0x80000000 else bits
+    return torch.tensor([signed], dtype=torch.int32).view(torch.float32).item()
