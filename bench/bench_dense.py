@@ -116,34 +116,40 @@ def main() -> None:
 
 
 SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
-    1: [dict(block_m=8, block_n=128, warps_n=2, block_k=bk, warps_k=bk // 64, stages=st, split_k=sk, ctas_per_sm=c)
-        for bk, st, sk, c in ((256, 4, 2, 1), (256, 3, 2, 1), (256, 5, 2, 1), (256, 4, 2, 2), (256, 3, 4, 2),
-                              (128, 6, 4, 2), (128, 8, 2, 1), (128, 6, 2, 1))],
-    16: [dict(block_m=16, block_n=128, warps_n=2, block_k=bk, warps_k=bk // 64, stages=st, split_k=sk, ctas_per_sm=c)
-         for bk, st, sk, c in ((256, 4, 2, 1), (256, 3, 2, 1), (256, 4, 2, 2), (256, 3, 4, 2), (128, 6, 4, 2),
-                               (128, 8, 2, 1))],
+    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
+        for bn, wn, sk in ((128, 2, 2), (64, 1, 1))],
+    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
+         for bn, wn, sk in ((128, 2, 2), (64, 1, 2))],
 }
 
 
 def sweep(results, qws, xs) -> None:
-    """Time one-bucket layers built from each candidate tuning (each layout re-packed)."""
+    """Time one-bucket layers built from each candidate tuning, with and without programmatic dependent launch."""
+    import attrs
+
     from humming_gen.config import TuningConfig
     from humming_gen.heuristics import TuningPlan
+    from humming_gen.targets import Target
 
+    target = Target.current()
+    targets = {"pdl": target}
+    if target.has("pdl"):
+        targets["no-pdl"] = attrs.evolve(target, features=target.features - {"pdl"})
     for m, candidates in SWEEP.items():
         if m not in xs:
             continue
         for fields in candidates:
-            try:
-                plan = TuningPlan(((None, TuningConfig(**fields)),))
-                layers = [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]
-                t = graph_time_us(layers, xs[m])
-            except Exception as e:  # a candidate may not fit (shared memory, layout)
-                print(f"sweep m={m} {fields}: {type(e).__name__}: {str(e).splitlines()[-1]}")
-                continue
-            results.setdefault("sweep", []).append({"m": m, **fields, "graph_us": t})
-            print(f"sweep m={m} {fields}: {t:.1f} us", flush=True)
-            del layers
+            for label, tgt in targets.items():
+                try:
+                    plan = TuningPlan(((None, TuningConfig(**fields)),))
+                    layers = [hg.QuantLinear.from_quantized(q, tunings=plan, target=tgt) for q in qws]
+                    t = graph_time_us(layers, xs[m])
+                except Exception as e:  # a candidate may not fit (shared memory, layout)
+                    print(f"sweep m={m} {label} {fields}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+                    continue
+                results.setdefault("sweep", []).append({"m": m, "launch": label, **fields, "graph_us": t})
+                print(f"sweep m={m} {label} {fields}: {t:.1f} us", flush=True)
+                del layers
 
 
 def print_table(results, ms) -> None:

@@ -3,7 +3,7 @@ granularities, activation dtypes, bias and tunings, plus small helpers that read
 
 A case either names an explicit TuningConfig or an M whose heuristic bucket supplies the tuning, resolved per
 target (`Case.tuning_for`), so one case composes on every target whatever its shared memory. Ids read like
-the config (`w4a16-int4-g128-bf16-m1`). tests/golden/regenerate.py imports this module too.
+the config (`w4a16-int4-g128-bf16-m1`). test_numeric_emulation.py reuses the registered custom format.
 """
 
 from __future__ import annotations
