@@ -106,6 +106,10 @@ def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int, reasons: l
             return None
     elif s.granularity == "block":
         g = kernel_group_size(s.block_size[1])
+        if g % 16:
+            reasons.append(f"scheme block_size={tuple(s.block_size)}: its K side {s.block_size[1]} is not a multiple "
+                           f"of 16 (the mma k step)")
+            return None
     elif s.granularity == "channel" and s.zero_point is not None:
         g = k_pad  # one group spanning K: zero points need the in-register path
     else:
@@ -139,8 +143,11 @@ def kernel_name(layer: LayerConfig, tuning: TuningConfig, target: Target) -> str
             "block": f"b{s.block_size[0] if s.block_size else 0}x{s.block_size[1] if s.block_size else 0}"}[s.granularity]
     zp = {"int": "zi", "float": "zf"}.get(s.zero_point or "", "")
     t = tuning
-    return (f"gemm_w{s.weight.name}{gran}{zp}_a{layer.dtype}_n{layer.n}k{layer.k}_{target.name}_"
-            f"{t.block_m}x{t.block_n}x{t.block_k}s{t.stages}w{t.warps_m}x{t.warps_n}x{t.warps_k}k{t.split_k}")
+    out = "" if layer.out_dtype == layer.dtype else f"_o{layer.out_dtype}"
+    extras = ("_gs" if s.global_scale else "") + ("_bias" if layer.has_bias else "")
+    return (f"gemm_w{s.weight.name}{gran}{zp}s{s.scale_dtype.name}_a{layer.dtype}{out}{extras}_n{layer.n}k{layer.k}_"
+            f"{target.name}_{t.block_m}x{t.block_n}x{t.block_k}s{t.stages}w{t.warps_m}x{t.warps_n}x{t.warps_k}"
+            f"k{t.split_k}")
 
 
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
@@ -229,14 +236,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 bias=layer.has_bias))
     pdl = target.has("pdl")
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
-                                hoist_group_params=hoist, slice_scale=slice_scale,
+                                hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     used_ptx: set[str] = set()
     for c in body:
         used_ptx.update(getattr(c, "ptx", ()))
-    ptx = [wrapper(p, dtype, layer.out_dtype, layer.has_bias) for p in PTX_ORDER if p in used_ptx]
+    ptx = [wrapper(p, dtype, layer.out_dtype, layer.has_bias, warp_m // 8) for p in PTX_ORDER if p in used_ptx]
     components = tuple(ptx + body)
 
     # --- shared memory ---------------------------------------------------------------------------

@@ -170,7 +170,14 @@ class FloatType(DType):
         if bias is None:
             bias = (1 << (exponent_bits - 1)) - 1 if exponent_bits > 0 else 0
         if name is None:
-            name = f"float{bits}e{exponent_bits}m{mantissa_bits}" if signed else f"float{bits}e{exponent_bits}m{mantissa_bits}u"
+            # The generic name means the generic semantics; anything else gets a distinct, descriptive name.
+            name = f"float{bits}e{exponent_bits}m{mantissa_bits}" + ("" if signed else "u")
+            if bias != ((1 << (exponent_bits - 1)) - 1 if exponent_bits > 0 else 0):
+                name += f"_bias{bias}"
+            if nan != "none":
+                name += f"_nan{nan.replace('_', '')}"
+            if not subnormals:
+                name += "_nosub"
         self.__attrs_init__(name=name, bits=bits, exponent_bits=exponent_bits, mantissa_bits=mantissa_bits,
                             is_signed=bool(signed), bias=int(bias), nan=nan, subnormals=bool(subnormals))
 

@@ -1,5 +1,5 @@
 // humming_gen 0.1.0 - generated; edit templates/, not this file
-// kernel  gemm_wint4g128_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4   key 2f29b0741c76
+// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4   key 2f29b0741c76
 // layer   n=4096 k=4096 weight=int4 scale=bfloat16/g128 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
 // tuning  pipeline=standard mma=m16n8k16 block=8x128x256 warps=1x2x4 stages=4 split_k=4 stream_k=no load=a:cp_async,b:cp_async,scale:cp_async ctas_per_sm=1 raster=n_major cluster=1x1
@@ -7,7 +7,7 @@
 // components (in order):
 //   ptx.SmemAddress()
 //   ptx.CpAsync()
-//   ptx.Ldmatrix()
+//   ptx.Ldmatrix(x4=False, x2=True)
 //   ptx.Fma2(dtype='bfloat16')
 //   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
 //   ptx.GlobalSync()
@@ -23,7 +23,7 @@
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=4)
 //   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wint4g128_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+//   pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -101,12 +101,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
-// ---- ptx.Ldmatrix()
-// ptx: four (or two) 8x8 b16 matrices from shared memory into mma fragments.
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
+// ---- ptx.Ldmatrix(x4=False, x2=True)
+// ptx: two 8x8 b16 matrices from shared memory into mma fragments.
 __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
@@ -170,9 +166,9 @@ constexpr u32 kMagic = 0x43004300u;
 __device__ __forceinline__ u32 convert_pair(u32 codes) { return codes | kMagic; }
 
 // ---- numeric.SubtractOffset(dtype='bfloat16', offset=136.0)
-// numeric: value = x - offset (channel/tensor scales are applied in the epilogue).
-// x is the converted pair; scale and zero are (bfloat16, bfloat16) pairs for the fragment's row.
-__device__ __forceinline__ u32 dequant_pair(u32 x, u32 scale, u32 zero) {
+// numeric: value = x - offset (channel/tensor scales are applied in the epilogue, group scales to partial sums).
+// x is the converted pair.
+__device__ __forceinline__ u32 dequant_pair(u32 x) {
   return fma2(x, 0x3F803F80u, 0xC308C308u);
 }
 
@@ -210,16 +206,6 @@ __device__ __forceinline__ void load_a_stage(u16* a_smem_stage, const u16* a, in
 __device__ __forceinline__ void load_a_fragments(u32 (&frag)[cfg::kWarpMTiles][2], const u16* a_smem_stage,
                                                  int m_base, int k_base) {
   const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int mt = 0; mt + 1 < cfg::kWarpMTiles; mt += 2) {
-    const int row = m_base + mt * 8 + (lane / 16) * 8 + lane % 8;
-    u32 r[4];
-    ldmatrix_x4(r, smem_address(a_smem_stage + a_smem_chunk(row, k_base / 8 + (lane / 8) % 2) * 8));
-    frag[mt][0] = r[0];
-    frag[mt][1] = r[1];
-    frag[mt + 1][0] = r[2];
-    frag[mt + 1][1] = r[3];
-  }
   {  // the last, unpaired m8 tile
     const int row = m_base + (cfg::kWarpMTiles - 1) * 8 + lane % 8;
     ldmatrix_x2(frag[cfg::kWarpMTiles - 1], smem_address(a_smem_stage + a_smem_chunk(row, k_base / 8 + (lane / 8) % 2) * 8));
@@ -421,13 +407,13 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wint4g128_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile
 //, b_scale} are kept in flight; each warp owns a kWarpN x kWarpM
 // slice of the CTA tile and a 1/kWarpsK share of every stage's k range.
-extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4(const Params p) {
+extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const TileCoord tc = tile_coord();
   const int warp = threadIdx.x / 32;
@@ -480,12 +466,10 @@ extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128_ab
         const int tile = chunk * 16 + t;
         const int ks = tile / cfg::kWarpNTiles, nt = tile % cfg::kWarpNTiles;
         if (nt == 0) load_a_fragments(a_frag, a_stage(s), wm * cfg::kWarpM, wk * cfg::kWarpK + ks * 16);
-        u32 scale_lo = 0, scale_hi = 0, zero_lo = 0, zero_hi = 0;
         u32 b_frag[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          b_frag[r] = dequant_pair(convert_pair(extract_code_pair(words, 4 * t + r)), r % 2 ? scale_hi : scale_lo,
-                                   r % 2 ? zero_hi : zero_lo);
+          b_frag[r] = dequant_pair(convert_pair(extract_code_pair(words, 4 * t + r)));
         }
 #pragma unroll
         for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) mma_m16n8k16(acc_slice[nt][mt], b_frag, a_frag[mt]);

@@ -153,6 +153,10 @@ def select_converter(weight: DType, dtype: str) -> Component:
                 return SignMagnitudeConvert(fmt=weight.name, bits=weight.bits, dtype=dtype)
         elif (weight.exponent_bits <= EXPONENT_BITS[dtype] and weight.mantissa_bits <= MANTISSA_BITS[dtype]
               and 0 <= BIAS[dtype] - weight.bias <= (BIAS[dtype])):
+            if not weight.subnormals:
+                raise ValueError(f"weight format {weight.name} has no subnormals (its exponent-0 codes are normal "
+                                 f"numbers), which exponent placement cannot express; it cannot be converted "
+                                 f"exactly to {dtype}")
             return FloatPlaceConvert(fmt=weight.name, exponent_bits=weight.exponent_bits,
                                      mantissa_bits=weight.mantissa_bits, signed=weight.signed,
                                      source_bias=weight.bias, dtype=dtype)

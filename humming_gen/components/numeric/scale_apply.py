@@ -18,6 +18,7 @@ class _ScaleApply(Component):
     template: ClassVar[str] = "numeric/scale_apply.cuh.j2"
     family: ClassVar[str] = "numeric"
     ptx: ClassVar[tuple[str, ...]] = ("fma2",)
+    params: ClassVar[tuple[str, ...]] = ()  # per-row group parameters the expression reads: "scale", "zero"
     dtype: str
 
     def expression(self) -> str:
@@ -27,14 +28,18 @@ class _ScaleApply(Component):
         return (self.__doc__ or "").strip().splitlines()[0]
 
     def extra_context(self) -> dict:
-        return {"expression": self.expression(), "description": self.description()}
+        return {"expression": self.expression(), "description": self.description(), "params": self.params}
 
 
 @attrs.frozen
 class SubtractOffset(_ScaleApply):
-    """value = x - offset (channel/tensor scales are applied in the epilogue)."""
+    """value = x - offset (channel/tensor scales are applied in the epilogue, group scales to partial sums)."""
 
     offset: float
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("fma2",) if self.offset else ()
 
     def expression(self) -> str:
         if self.offset == 0:
@@ -46,6 +51,7 @@ class SubtractOffset(_ScaleApply):
 class SubtractOffsetScale(_ScaleApply):
     """value = (x - offset) * group scale."""
 
+    params: ClassVar[tuple[str, ...]] = ("scale",)
     offset: float
 
     def expression(self) -> str:
@@ -59,6 +65,8 @@ class SubtractOffsetScale(_ScaleApply):
 class IntZeroPointScale(_ScaleApply):
     """value = (x - (bias + zero point)) * group scale; `zero` holds -(bias + z), exact."""
 
+    params: ClassVar[tuple[str, ...]] = ("scale", "zero")
+
     def expression(self) -> str:
         return f"fma2(fma2(x, {pair_hex(1.0, self.dtype)}u, zero), scale, {NEG_ZERO}u)"
 
@@ -67,6 +75,8 @@ class IntZeroPointScale(_ScaleApply):
 class IntZeroPoint(_ScaleApply):
     """value = x - (bias + zero point); the group scale is applied to fp32 partial sums later."""
 
+    params: ClassVar[tuple[str, ...]] = ("zero",)
+
     def expression(self) -> str:
         return f"fma2(x, {pair_hex(1.0, self.dtype)}u, zero)"
 
@@ -74,6 +84,8 @@ class IntZeroPoint(_ScaleApply):
 @attrs.frozen
 class FloatZeroPointScale(_ScaleApply):
     """value = (x - bias) * scale - z * scale; `zero` holds -z * scale (a float zero point)."""
+
+    params: ClassVar[tuple[str, ...]] = ("scale", "zero")
 
     offset: float
 

@@ -18,6 +18,7 @@ class StandardPipeline(Component):
     group_params: tuple[str, ...]
     hoist_group_params: bool  # a warp's k slice of a stage lies in one group: load its scales once per stage
     slice_scale: bool  # group scale applied to the stage's fp32 partial sums, not to every weight
+    dequant_params: tuple[str, ...]  # group parameters dequant_pair reads per row: "scale", "zero"
     warp_k_reduce: bool
     split_k: bool
     min_blocks: int

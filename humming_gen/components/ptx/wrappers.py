@@ -31,6 +31,8 @@ class Ldmatrix(Component):
     template: ClassVar[str] = "ptx/ldmatrix.cuh.j2"
     family: ClassVar[str] = "ptx"
     requires: ClassVar[frozenset[str]] = frozenset({"ldmatrix"})
+    x4: bool = True  # pairs of m8 tiles
+    x2: bool = False  # a last, unpaired m8 tile
 
 
 @attrs.frozen
@@ -99,8 +101,10 @@ WRAPPERS: dict[str, type[Component]] = {
 TYPED = {"fma2", "cvt_pack"}
 
 
-def wrapper(name: str, dtype: str, out_dtype: str, bias: bool) -> Component:
+def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:
     cls = WRAPPERS[name]
+    if name == "ldmatrix":
+        return cls(x4=m_tiles >= 2, x2=m_tiles % 2 == 1)
     if name == "cvt_scalar":
         return cls(dtype=dtype, out_dtype=out_dtype, to_float=bias)
     return cls(dtype=dtype) if name in TYPED else cls()
