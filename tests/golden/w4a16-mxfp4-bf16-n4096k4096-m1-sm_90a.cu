@@ -94,10 +94,6 @@ __device__ __forceinline__ u32 smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(u32 smem_dst, const void* gmem_src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
 }
-// Streaming variant for weights: asks L2 to fetch 256-byte sectors (each CTA reads long contiguous runs).
-__device__ __forceinline__ void cp_async_16_stream(u32 smem_dst, const void* gmem_src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(gmem_src));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
@@ -188,9 +184,8 @@ __device__ __forceinline__ u32 dequant_pair(u32 x, u32 scale) {
 
 // ---- memory.ATileCpAsync(dtype='bfloat16', block_k=256, warp_m_tiles=1)
 // memory: activation tile (kBlockM x kBlockK bfloat16, row-major) global -> shared with cp.async. 16-byte chunks
-// are XOR-swizzled by row so that the 8 rows an ldmatrix reads fall in different banks. Columns >= k are
-// zero-filled; rows >= m are not loaded at all: they only feed output columns that are never stored.
-// Fragments for mma operand B (k16 x n8, "col") come back through ldmatrix.
+// are XOR-swizzled by row so that the 8 rows an ldmatrix reads fall in different banks; rows >= m and columns
+// >= k are zero-filled. Fragments for mma operand B (k16 x n8, "col") come back through ldmatrix.
 constexpr int kAChunksPerRow = cfg::kBlockK / 8;
 constexpr int kAStageChunks = cfg::kBlockM * kAChunksPerRow;
 constexpr int kASwizzle = 7;
@@ -206,10 +201,9 @@ __device__ __forceinline__ void load_a_stage(u16* a_smem_stage, const u16* a, in
     if (kAStageChunks % cfg::kThreads == 0 || i < kAStageChunks) {
       const int row = i / kAChunksPerRow, chunk = i % kAChunksPerRow;
       const int gm = m0 + row, gk = k0 + chunk * 8;
-      if (gm < m) {
-        const u16* src = gk < k ? a + (long long)gm * lda + gk : a;
-        cp_async_16(smem_address(a_smem_stage + a_smem_chunk(row, chunk) * 8), src, gk < k ? 16 : 0);
-      }
+      const bool valid = gm < m && gk < k;
+      const u16* src = valid ? a + (long long)gm * lda + gk : a;
+      cp_async_16(smem_address(a_smem_stage + a_smem_chunk(row, chunk) * 8), src, valid ? 16 : 0);
     }
   }
 }
@@ -239,7 +233,7 @@ __device__ __forceinline__ void load_b_stage(u32* b_smem_stage, const u32x4* b_t
   for (int j = 0; j < (kBTileChunks + cfg::kThreads - 1) / cfg::kThreads; ++j) {
     const int i = threadIdx.x + j * cfg::kThreads;
     if (kBTileChunks % cfg::kThreads == 0 || i < kBTileChunks) {
-      cp_async_16_stream(smem_address(b_smem_stage + i * 4), b_tile + i);
+      cp_async_16(smem_address(b_smem_stage + i * 4), b_tile + i, 16);
     }
   }
 }
