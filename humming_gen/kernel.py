@@ -45,9 +45,8 @@ class Kernel:
         self.compiled = compiled
         self.name = plan.kernel_name
         self._loaded: dict[int, Any] = {}
-        self._scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._launchers: dict[tuple, Launcher] = {}
         fields = plan.param_fields
-        self._pointer_fields = [f[0] for f in fields if f[1] != "int"]
         fmt = "<" + "".join(_STRUCT_CODE[f[1]] for f in fields)
         size = struct.calcsize(fmt)
         self._struct = struct.Struct(fmt + "x" * ((-size) % 8))
@@ -80,41 +79,75 @@ class Kernel:
             self._loaded[device] = fn
         return fn
 
-    def _split_k_scratch(self, m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Workspace and arrival counters, sized for the largest M seen; counters start (and stay) zero."""
-        floats, counters = self.plan.workspace_floats(m), self.plan.counter_count(m)
-        key = (device.index or 0, 0)
-        have = self._scratch.get(key)
-        if have is None or have[0].numel() < floats or have[1].numel() < counters:
-            have = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
-                    torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
-            self._scratch[key] = have
-        return have
+    def bind(self, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None = None) -> "Launcher":
+        """A launcher with every argument that does not change between calls resolved once (weights, scales,
+        bias, split-K scratch sized for `max_m` rows), so a call only packs a, c and m."""
+        return Launcher(self, weight, bias, device, max_m)
 
     def launch(self, x: torch.Tensor, weight, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """out[:m] = x @ W^T (+ bias). x (m, k) and out (m, n) must be row-major with unit column stride;
         `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did."""
+        key = (id(weight), id(bias), x.device)
+        launcher = self._launchers.get(key)
+        if launcher is None or launcher.weight is not weight or launcher.bias is not bias:
+            launcher = self._launchers[key] = self.bind(weight, bias, x.device)
+        launcher(x, out)
+        return out
+
+
+class Launcher:
+    """The launch path of one (kernel, weight) pair. Host overhead per call is part of performance: the
+    params list is prebuilt, a call fills in the activation and output pointers, m and the row strides."""
+
+    __slots__ = ("kernel", "weight", "bias", "device", "_values", "_a", "_c", "_struct", "_fn", "_grid_n", "_block_m",
+                 "_split_k", "_block", "_smem", "_pdl", "_scratch_rows", "_ws_index", "_cnt_index", "_scratch")
+
+    def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
+        plan = kernel.plan
+        self.kernel, self.weight, self.bias, self.device = kernel, weight, bias, torch.device(device)
+        static = {"b": weight.b, "b_scale": weight.b_scale, "b_zero": weight.b_zero, "out_scale": weight.out_scale,
+                  "bias": bias}
+        names = [f[0] for f in plan.param_fields if f[1] != "int"]  # the ints (m, lda, ldc) follow per call
+        self._values = [static[n].data_ptr() if static.get(n) is not None else 0 for n in names]
+        for n in names:
+            if n in static and static[n] is None:
+                raise ValueError(f"kernel {kernel.name} reads `{n}`, which the prepared weight / bias lacks")
+        self._a, self._c = names.index("a"), names.index("c")
+        self._ws_index = names.index("workspace") if "workspace" in names else -1
+        self._cnt_index = names.index("counters") if "counters" in names else -1
+        self._struct = kernel._struct
+        self._fn = None
+        self._grid_n, self._block_m, self._split_k = plan.n_pad // plan.tuning.block_n, plan.tuning.block_m, \
+            plan.tuning.split_k
+        self._block, self._smem, self._pdl = (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
+        self._scratch_rows = 0
+        self._scratch = None
+        if self._ws_index >= 0:
+            self._grow_scratch(max_m or plan.tuning.block_m)
+
+    def _grow_scratch(self, m: int) -> None:
+        """Split-K workspace and arrival counters (zeroed once; the kernel leaves them zero) for m rows.
+        NOTE: bound to a bucket's largest M at construction, so CUDA graphs never see it move."""
+        plan = self.kernel.plan
+        ws = torch.empty(max(plan.workspace_floats(m), 1), dtype=torch.float32, device=self.device)
+        cnt = torch.zeros(max(plan.counter_count(m), 1), dtype=torch.int32, device=self.device)
+        self._scratch = (ws, cnt)
+        self._values[self._ws_index], self._values[self._cnt_index] = ws.data_ptr(), cnt.data_ptr()
+        self._scratch_rows = -(-m // plan.tuning.block_m) * plan.tuning.block_m
+
+    def __call__(self, a: torch.Tensor, out: torch.Tensor) -> None:
         from humming_gen.runtime import launch
 
-        plan = self.plan
-        m = x.shape[0]
-        ptrs = {"a": x.data_ptr(), "b": weight.b.data_ptr(), "c": out.data_ptr()}
-        if weight.b_scale is not None:
-            ptrs["b_scale"] = weight.b_scale.data_ptr()
-        if weight.b_zero is not None:
-            ptrs["b_zero"] = weight.b_zero.data_ptr()
-        if weight.out_scale is not None:
-            ptrs["out_scale"] = weight.out_scale.data_ptr()
-        if bias is not None:
-            ptrs["bias"] = bias.data_ptr()
-        if plan.tuning.split_k > 1:
-            ws, cnt = self._split_k_scratch(m, x.device)
-            ptrs["workspace"], ptrs["counters"] = ws.data_ptr(), cnt.data_ptr()
-        values = [ptrs[name] for name in self._pointer_fields] + [m, x.stride(0), out.stride(0)]
-        params = self._struct.pack(*values)
-        fn = self._function(x.device.index or 0)
-        launch(fn, plan.grid(m), (plan.threads, 1, 1), plan.shared_bytes, params, pdl=plan.pdl)
-        return out
+        m = a.shape[0]
+        if self._fn is None:
+            self._fn = self.kernel._function(self.device.index or 0)
+        if self._ws_index >= 0 and m > self._scratch_rows:
+            self._grow_scratch(m)
+        values = self._values
+        values[self._a], values[self._c] = a.data_ptr(), out.data_ptr()
+        params = self._struct.pack(*values, m, a.stride(0), out.stride(0))
+        launch(self._fn, (self._grid_n, -(-m // self._block_m), self._split_k), self._block, self._smem, params,
+               pdl=self._pdl)
 
 
 def generate(plan: KernelPlan, compiler: str | None = None) -> str:

@@ -77,6 +77,9 @@ class QuantLinear(torch.nn.Module):
             if bias.shape != (qweight.n,):
                 raise ValueError(f"bias must have shape ({qweight.n},), got {tuple(bias.shape)}")
             self.bias = bias.detach().to(self.device, dtype).contiguous()
+        # One launcher per bucket, with weights, scales, bias and split-K scratch bound once.
+        self._launchers = [(m_max, kernel.bind(self.weight, self.bias, self.device, m_max))
+                           for m_max, kernel in self._buckets]
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -124,18 +127,19 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        lead = x.shape[:-1]
-        a = x.reshape(-1, self.in_features)
+        a = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         m = a.shape[0]
         out = torch.empty(m, self.out_features, dtype=self.out_dtype, device=self.device)
-        if m == 0:
-            return out.reshape(*lead, self.out_features)
-        if self.weight.k_perm is not None:
-            a = a[:, self.weight.k_perm]
-        if self.in_features % 8 or a.data_ptr() % 16:
-            a = torch.nn.functional.pad(a, (0, (-self.in_features) % 8)).contiguous()
-        self.kernel_for(m).launch(a, self.weight, out, self.bias)
-        return out.reshape(*lead, self.out_features)
+        if m:
+            if self.weight.k_perm is not None:
+                a = a[:, self.weight.k_perm]
+            if self.in_features % 8 or a.data_ptr() % 16:
+                a = torch.nn.functional.pad(a, (0, (-self.in_features) % 8)).contiguous()
+            for m_max, launcher in self._launchers:
+                if m_max is None or m <= m_max:
+                    launcher(a, out)
+                    break
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme=({self.scheme.summary()}), "
