@@ -7,7 +7,6 @@ Every choice between strategies is made here, as readable tables; components onl
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import attrs
 
@@ -312,11 +311,3 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                       b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group=group, zero_point=s.zero_point,
                       converter_bias=converter.bias, code_offset=offset, out_scale=bool(out_scale),
                       shared_bytes=shared, threads=t.threads, pdl=pdl)
-
-
-def describe(plan: KernelPlan) -> list[str]:
-    return [c.describe() for c in plan.components]
-
-
-def template_context(plan: KernelPlan) -> dict[str, Any]:
-    return {"constants": plan.constants, "fields": plan.param_fields}

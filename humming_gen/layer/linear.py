@@ -11,7 +11,7 @@ from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_OUT_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_OUT_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 class QuantLinear(torch.nn.Module):
@@ -54,9 +54,7 @@ class QuantLinear(torch.nn.Module):
         self.out_dtype = out_dtype
         self.scheme: QuantScheme = qweight.scheme
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
-                                        dtype=_DTYPE_NAME[dtype], out_dtype={torch.bfloat16: "bfloat16",
-                                                                            torch.float16: "float16",
-                                                                            torch.float32: "float32"}[out_dtype])
+                                        dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])
         self.target = _resolve_target(target)
         self.compute_config = ComputeConfig()
         self.tunings = tunings or choose_tunings(self.layer_config, self.target)

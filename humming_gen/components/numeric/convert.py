@@ -169,9 +169,6 @@ def kernel_codes_offset(weight: DType) -> int:
     return 1 << (weight.bits - 1) if isinstance(weight, IntType) and weight.signed else 0
 
 
-def check_exact(value: float, dtype: str) -> None:
-    bits16(value, dtype)
-
 
 # --- helpers of the `emulate` models (Python stand-ins for the 16-bit lane arithmetic) ----------------------
 def _low(hex_literal: str) -> int:
@@ -211,3 +208,8 @@ def _f32_of_bits(bits: int) -> float:
     """The 32-bit pattern `bits` read as an fp32 value."""
     signed = bits - (1 << 32) if bits & 0x80000000 else bits
     return torch.tensor([signed], dtype=torch.int32).view(torch.float32).item()
+
+
+def check_exact(value: float, dtype: str) -> None:
+    """Raise ValueError unless `value` is exactly representable in the 16-bit compute type."""
+    bits16(value, dtype)
