@@ -1,0 +1,23 @@
+"""The examples run (their CPU path) and print what they promise."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("quickstart.py", "generated gemm_wint4g128"),
+    ("custom_format.py", "w5a16-u5-g128-zp: gemm_wu5g128zi"),
+    ("convert_checkpoint.py", "model.mlp.down_proj"),
+])
+def test_example_runs(script, expected, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUMMING_GEN_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True,
+                            env=env, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert expected in result.stdout, result.stdout[-2000:]
