@@ -17,9 +17,9 @@ _OUT_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32
 class QuantLinear(torch.nn.Module):
     """y = x @ W^T (+ bias) with W quantized. Build with `from_float` or `from_quantized`.
 
-    weight_only=True runs a scheme that also quantizes activations (FP8, W4A8, NVFP4 checkpoints) with 16-bit
-    activations instead, i.e. as weight-only quantization. All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
-    packed copy of the weight; `forward` picks the kernel for the batch's row count.
+    All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
+    packed copy of the weight; `forward` picks the kernel for the batch's row count. weight_only=True runs a
+    scheme that also quantizes activations (FP8, W4A8, NVFP4 checkpoints) with 16-bit activations instead.
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
