@@ -15,6 +15,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference import reference_gemm
+from humming_side import HummingUnavailable, humming_layers  # bench/ is sys.path[0] when run as a script
 
 COPY_GBPS = 4245.0  # measured H200 device-to-device copy (BENCHMARKS.md)
 FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
@@ -72,6 +73,8 @@ def main() -> None:
     ap.add_argument("--m", default="1,16,64,256,1024,4096,8192")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--sweep", action="store_true", help="also time tuning variants at small M")
+    ap.add_argument("--humming", default=",".join(FORMATS),
+                    help="formats to time with Humming too, when its package is importable ('' for none)")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     n, k, L = args.n, args.k, args.layers
@@ -108,6 +111,8 @@ def main() -> None:
             sweep(results, qws, xs)
         del layers, qws
         torch.cuda.empty_cache()
+        if name in args.humming.split(","):
+            humming_rows(results, name, n, k, L, xs)
 
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_dense.json"), "w") as f:
@@ -115,26 +120,45 @@ def main() -> None:
     print_table(results, ms)
 
 
+def humming_rows(results, name, n, k, L, xs) -> None:
+    """Rows "humming-<name>" from Humming's HummingLayer, timed and checked as ours; any failure is printed."""
+    layers = w_ref = None
+    try:
+        t0 = time.perf_counter()
+        layers, w_ref = humming_layers(name, n, k, L)
+        build_s, w_ref = time.perf_counter() - t0, w_ref.double()
+        for m, x in xs.items():
+            ref = x.double() @ w_ref.t()
+            err = ((layers[0](x).double() - ref).norm() / ref.norm()).item()
+            row = {"impl": f"humming-{name}", "m": m, "graph_us": graph_time_us(layers, x),
+                   "eager_us": eager_time_us(layers, x) if m in (1, 16) else None, "rel_err": err,
+                   "build_s": build_s}
+            results["rows"].append(row)
+            print(f"humming {name} m={m}: {row['graph_us']:.1f} us, err {err:.1e}", flush=True)
+    except Exception as e:  # Humming is optional: report and go on
+        reason = " ".join(str(e).split())[:400]
+        reason = reason if isinstance(e, HummingUnavailable) else f"{type(e).__name__}: {reason}"
+        print(f"humming: skipped ({name}: {reason})", flush=True)
+    del layers, w_ref
+    torch.cuda.empty_cache()
+
+
 SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
-    1: [dict(block_m=8, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
-        for bn, wn, sk in ((128, 2, 2), (64, 1, 1))],
-    16: [dict(block_m=16, block_n=bn, warps_n=wn, block_k=256, warps_k=4, stages=4, split_k=sk)
-         for bn, wn, sk in ((128, 2, 2), (64, 1, 2))],
+    m: [dict(block_m=bm, block_n=128, warps_n=2, block_k=256, warps_k=4, stages=st, split_k=sk, ctas_per_sm=c)
+        for sk, c, st in ((2, 1, 4), (4, 2, 4), (4, 2, 3), (3, 1, 4))]
+    for m, bm in ((1, 8), (16, 16))
 }
 
 
 def sweep(results, qws, xs) -> None:
     """Time one-bucket layers built from each candidate tuning, with and without programmatic dependent launch."""
-    import attrs
 
     from humming_gen.config import TuningConfig
     from humming_gen.heuristics import TuningPlan
     from humming_gen.targets import Target
 
     target = Target.current()
-    targets = {"pdl": target}
-    if target.has("pdl"):
-        targets["no-pdl"] = attrs.evolve(target, features=target.features - {"pdl"})
+    targets = {"pdl": target} if target.has("pdl") else {"no-pdl": target}
     for m, candidates in SWEEP.items():
         if m not in xs:
             continue
@@ -167,7 +191,7 @@ def print_table(results, ms) -> None:
     print("eager us/call at M=1: " + ", ".join(f"{r['impl']} {r['eager_us']:.1f}" for r in results["rows"]
                                                 if r["m"] == 1 and r.get("eager_us")))
     print("max rel err: " + ", ".join(f"{impl} {max(r.get('rel_err', 0) or 0 for r in results['rows'] if r['impl'] == impl):.1e}"
-                                      for impl in impls if impl.startswith("humming_gen")))
+                                      for impl in impls if impl != "cublas-bf16"))
 
 
 if __name__ == "__main__":

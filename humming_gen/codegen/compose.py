@@ -26,7 +26,7 @@ from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
 SECTION_ORDER = ("ptx", "numeric", "memory", "mma", "schedule", "epilogue", "pipeline")
-PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "fma2", "cvt_pack", "cvt_scalar", "global_sync",
+PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "lop3", "fma2", "cvt_pack", "cvt_scalar", "global_sync",
              "grid_dependency")
 
 
@@ -218,7 +218,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     hoist = bool(group and group.group_size % warp_k == 0)
     slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
     apply = _scale_apply(group, s.zero_point, converter, offset, dtype, slice_scale)
-    numeric: list[Component] = [PlaneExtract(bits=s.weight.bits), converter, apply]
+    # A conversion that is an OR of a magic number merges into the extraction's LOP3 and is not rendered.
+    or_bits = getattr(converter, "or_bits", None)
+    numeric: list[Component] = ([PlaneExtract(bits=s.weight.bits, or_bits=or_bits)] if or_bits else
+                                [PlaneExtract(bits=s.weight.bits), converter]) + [apply]
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:
@@ -236,6 +239,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pdl = target.has("pdl")
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
+                                convert_in_extract=or_bits is not None,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]

@@ -156,7 +156,7 @@ def test_plane_extract_template_constants(bits: int) -> None:
     for p, w in zip(ctx["planes"], bit_planes(bits)):
         shift -= w
         assert (p["width"], p["word_offset"], p["per_word"], p["code_shift"]) == (w, offset, 16 // w, shift)
-        assert int(p["mask"], 16) == ((1 << w) - 1) * 0x10001
+        assert int(p["mask"], 16) == (((1 << w) - 1) << shift) * 0x10001  # the plane's bits of the code
         offset += 4 * w
 
 

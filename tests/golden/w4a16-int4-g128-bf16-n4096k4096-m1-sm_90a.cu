@@ -8,12 +8,12 @@
 //   ptx.SmemAddress()
 //   ptx.CpAsync()
 //   ptx.Ldmatrix(x4=False, x2=True)
+//   ptx.Lop3()
 //   ptx.Fma2(dtype='bfloat16')
 //   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
 //   ptx.GlobalSync()
 //   ptx.GridDependency()
-//   numeric.PlaneExtract(bits=4)
-//   numeric.IntMagicConvert(bits=4, dtype='bfloat16')
+//   numeric.PlaneExtract(bits=4, or_bits='0x43004300')
 //   numeric.SubtractOffset(dtype='bfloat16', offset=136.0)
 //   memory.ATileCpAsync(dtype='bfloat16', block_k=256, warp_m_tiles=1)
 //   memory.BTileCpAsync(bits=4, tile_bytes=16384)
@@ -23,7 +23,7 @@
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=4)
 //   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+//   pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), convert_in_extract=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -103,6 +103,14 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
+// ---- ptx.Lop3()
+// ptx: (a & mask) | bits in one LOP3; written out because NVRTC 13.0 splits the C expression into two.
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
+  return d;
+}
+
 // ---- ptx.Fma2(dtype='bfloat16')
 // ptx: packed bfloat16 pair a * b + c, rounded to nearest (the only packed bfloat16 op on every target).
 __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
@@ -144,22 +152,18 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 
 // ======================================== numeric
 
-// ---- numeric.PlaneExtract(bits=4)
+// ---- numeric.PlaneExtract(bits=4, or_bits='0x43004300')
 // numeric: 4-bit code pairs from 1 bit plane(s) of widths 4
 // (layout of humming_gen.schemes.packing): register `reg` of a 16-tile chunk lands with its two codes in the
-// low bits of each 16-bit lane. `reg` is a compile-time constant after unrolling, so words[] stays in registers.
+// low bits of each 16-bit lane, OR-ed into 0x43004300. `reg` is a compile-time constant after unrolling, so
+// words[] stays in registers and every shift below is one instruction (or none).
 constexpr int kChunkWords = 16;
+constexpr u32 kOrBits = 0x43004300u;
 __device__ __forceinline__ u32 extract_code_pair(const u32 (&words)[kChunkWords], int reg) {
-  const u32 plane0 = (words[0 + reg / 4] >> (reg % 4 * 4)) & 0x000F000Fu;
-  return plane0;
+  const u32 plane0 = words[0 + reg / 4] >> (reg % 4 * 4);
+  u32 pair = and_or(plane0, 0x000F000Fu, kOrBits);
+  return pair;
 }
-
-// ---- numeric.IntMagicConvert(bits=4, dtype='bfloat16')
-// numeric: 4-bit unsigned code pair -> bfloat16 pair equal to code + 128: the code is OR-ed
-// into the mantissa of the magic number 128 (0x43004300 per lane), exact for codes < 2^7.
-// The result is biased; the scale step subtracts 128 + offset (or the zero point).
-constexpr u32 kMagic = 0x43004300u;
-__device__ __forceinline__ u32 convert_pair(u32 codes) { return codes | kMagic; }
 
 // ---- numeric.SubtractOffset(dtype='bfloat16', offset=136.0)
 // numeric: value = x - offset (channel/tensor scales are applied in the epilogue, group scales to partial sums).
@@ -401,7 +405,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=True, slice_scale=True, dequant_params=(), convert_in_extract=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile
@@ -463,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbf
         u32 b_frag[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          b_frag[r] = dequant_pair(convert_pair(extract_code_pair(words, 4 * t + r)));
+          b_frag[r] = dequant_pair(extract_code_pair(words, 4 * t + r));
         }
 #pragma unroll
         for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) mma_m16n8k16(acc_slice[nt][mt], b_frag, a_frag[mt]);

@@ -13,7 +13,7 @@
 //   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
 //   ptx.GlobalSync()
 //   ptx.GridDependency()
-//   numeric.PlaneExtract(bits=4)
+//   numeric.PlaneExtract(bits=4, or_bits=None)
 //   numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16')
 //   numeric.SubtractOffsetScale(dtype='bfloat16', offset=0.0)
 //   memory.ATileCpAsync(dtype='bfloat16', block_k=256, warp_m_tiles=1)
@@ -24,7 +24,7 @@
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=4)
 //   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 32, "scale_dtype": "float8e8m0", "scale_rule": "rceil", "weight": "float4e2m1", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -153,14 +153,16 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 
 // ======================================== numeric
 
-// ---- numeric.PlaneExtract(bits=4)
+// ---- numeric.PlaneExtract(bits=4, or_bits=None)
 // numeric: 4-bit code pairs from 1 bit plane(s) of widths 4
 // (layout of humming_gen.schemes.packing): register `reg` of a 16-tile chunk lands with its two codes in the
-// low bits of each 16-bit lane. `reg` is a compile-time constant after unrolling, so words[] stays in registers.
+// low bits of each 16-bit lane. `reg` is a compile-time constant after unrolling, so
+// words[] stays in registers and every shift below is one instruction (or none).
 constexpr int kChunkWords = 16;
 __device__ __forceinline__ u32 extract_code_pair(const u32 (&words)[kChunkWords], int reg) {
-  const u32 plane0 = (words[0 + reg / 4] >> (reg % 4 * 4)) & 0x000F000Fu;
-  return plane0;
+  const u32 plane0 = words[0 + reg / 4] >> (reg % 4 * 4);
+  u32 pair = plane0 & 0x000F000Fu;
+  return pair;
 }
 
 // ---- numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16')
@@ -412,7 +414,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile

@@ -9,11 +9,11 @@
 //   ptx.CpAsync()
 //   ptx.Ldmatrix(x4=False, x2=True)
 //   ptx.Prmt()
+//   ptx.Lop3()
 //   ptx.Fma2(dtype='float16')
 //   ptx.CvtScalar(dtype='float16', out_dtype='float16', to_float=False)
 //   ptx.GlobalSync()
-//   numeric.PlaneExtract(bits=4)
-//   numeric.IntMagicConvert(bits=4, dtype='float16')
+//   numeric.PlaneExtract(bits=4, or_bits='0x64006400')
 //   numeric.IntZeroPoint(dtype='float16')
 //   memory.ATileCpAsync(dtype='float16', block_k=256, warp_m_tiles=1)
 //   memory.BTileCpAsync(bits=4, tile_bytes=16384)
@@ -23,7 +23,7 @@
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=3)
 //   epilogue.StoreOutput(dtype='float16', out_dtype='float16', out_scale=False, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wuint4g128zisbfloat16_afloat16_n4096k4096_sm_80_8x128x256s4w1x2x4k3', group_params=('b_scale', 'b_zero'), hoist_group_params=True, slice_scale=True, dequant_params=('zero',), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=False)
+//   pipeline.StandardPipeline(kernel_name='gemm_wuint4g128zisbfloat16_afloat16_n4096k4096_sm_80_8x128x256s4w1x2x4k3', group_params=('b_scale', 'b_zero'), hoist_group_params=True, slice_scale=True, dequant_params=('zero',), convert_in_extract=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=False)
 // full configs (JSON):
 //   layer   {"dtype": "float16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "float16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "uint4", "zero_point": "int", "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -113,6 +113,14 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 selector) {
   return d;
 }
 
+// ---- ptx.Lop3()
+// ptx: (a & mask) | bits in one LOP3; written out because NVRTC 13.0 splits the C expression into two.
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
+  return d;
+}
+
 // ---- ptx.Fma2(dtype='float16')
 // ptx: packed float16 pair a * b + c, rounded to nearest (the only packed float16 op on every target).
 __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
@@ -148,22 +156,18 @@ __device__ __forceinline__ float load_cg(const float* p) {
 
 // ======================================== numeric
 
-// ---- numeric.PlaneExtract(bits=4)
+// ---- numeric.PlaneExtract(bits=4, or_bits='0x64006400')
 // numeric: 4-bit code pairs from 1 bit plane(s) of widths 4
 // (layout of humming_gen.schemes.packing): register `reg` of a 16-tile chunk lands with its two codes in the
-// low bits of each 16-bit lane. `reg` is a compile-time constant after unrolling, so words[] stays in registers.
+// low bits of each 16-bit lane, OR-ed into 0x64006400. `reg` is a compile-time constant after unrolling, so
+// words[] stays in registers and every shift below is one instruction (or none).
 constexpr int kChunkWords = 16;
+constexpr u32 kOrBits = 0x64006400u;
 __device__ __forceinline__ u32 extract_code_pair(const u32 (&words)[kChunkWords], int reg) {
-  const u32 plane0 = (words[0 + reg / 4] >> (reg % 4 * 4)) & 0x000F000Fu;
-  return plane0;
+  const u32 plane0 = words[0 + reg / 4] >> (reg % 4 * 4);
+  u32 pair = and_or(plane0, 0x000F000Fu, kOrBits);
+  return pair;
 }
-
-// ---- numeric.IntMagicConvert(bits=4, dtype='float16')
-// numeric: 4-bit unsigned code pair -> float16 pair equal to code + 1024: the code is OR-ed
-// into the mantissa of the magic number 1024 (0x64006400 per lane), exact for codes < 2^10.
-// The result is biased; the scale step subtracts 1024 + offset (or the zero point).
-constexpr u32 kMagic = 0x64006400u;
-__device__ __forceinline__ u32 convert_pair(u32 codes) { return codes | kMagic; }
 
 // ---- numeric.IntZeroPoint(dtype='float16')
 // numeric: value = x - (bias + zero point); the group scale is applied to fp32 partial sums later.
@@ -410,7 +414,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wuint4g128zisbfloat16_afloat16_n4096k4096_sm_80_8x128x256s4w1x2x4k3', group_params=('b_scale', 'b_zero'), hoist_group_params=True, slice_scale=True, dequant_params=('zero',), warp_k_reduce=True, split_k=True, min_blocks=1, pdl=False)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wuint4g128zisbfloat16_afloat16_n4096k4096_sm_80_8x128x256s4w1x2x4k3', group_params=('b_scale', 'b_zero'), hoist_group_params=True, slice_scale=True, dequant_params=('zero',), convert_in_extract=True, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=False)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile
@@ -479,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wuint4g128zi
         u32 b_frag[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          b_frag[r] = dequant_pair(convert_pair(extract_code_pair(words, 4 * t + r)),
+          b_frag[r] = dequant_pair(extract_code_pair(words, 4 * t + r),
                                    r % 2 ? zero_hi : zero_lo);
         }
 #pragma unroll

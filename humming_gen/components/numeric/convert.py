@@ -34,6 +34,11 @@ class IntMagicConvert(Component):
         return {"magic_value": int(self.bias), "magic_hex": pair_hex(self.bias, self.dtype),
                 "mantissa_bits": MANTISSA_BITS[self.dtype]}
 
+    @property
+    def or_bits(self) -> str:
+        """The conversion is an OR of this constant, so the extract step's LOP3 does it (see compose)."""
+        return pair_hex(self.bias, self.dtype)
+
     def emulate(self, lane_code: int) -> float:
         return float(lane_code) + self.bias
 

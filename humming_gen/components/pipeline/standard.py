@@ -19,6 +19,7 @@ class StandardPipeline(Component):
     hoist_group_params: bool  # a warp's k slice of a stage lies in one group: load its scales once per stage
     slice_scale: bool  # group scale applied to the stage's fp32 partial sums, not to every weight
     dequant_params: tuple[str, ...]  # group parameters dequant_pair reads per row: "scale", "zero"
+    convert_in_extract: bool  # extract_code_pair already returns converted values (no convert_pair)
     warp_k_reduce: bool
     split_k: bool
     min_blocks: int

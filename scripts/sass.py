@@ -1,0 +1,75 @@
+"""Disassemble one generated kernel (needs cuobjdump on PATH or in $CUOBJDUMP): the M bucket's kernel of a
+preset layer, compiled for a target, with an instruction histogram of its hottest loop.
+
+    python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import humming_gen as hg
+from humming_gen.config import LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.targets import get_target
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scheme", default="w4a16-int4-g128")
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--target", default="sm_90a")
+    ap.add_argument("--tuning", default=None, help="TuningConfig fields as JSON, overriding the bucket's")
+    ap.add_argument("--full", action="store_true", help="print the whole disassembly")
+    ap.add_argument("--loop", action="store_true", help="print the hottest loop")
+    args = ap.parse_args()
+    target = get_target(args.target)
+    layer = LayerConfig(n=args.n, k=args.k, scheme=hg.scheme(args.scheme))
+    tuning = choose_tunings(layer, target).for_m(args.m)
+    if args.tuning:
+        import json
+
+        import attrs
+        tuning = attrs.evolve(tuning, **json.loads(args.tuning))
+    kernel = hg.compile(layer, tuning_config=tuning, target=target)
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if tool is None:
+        raise SystemExit("cuobjdump not found: set $CUOBJDUMP")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.compiled.cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    print(kernel.name, kernel.resources)
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+    if args.full:
+        print("\n".join(lines))
+    # the hottest loop: the longest backward branch's body
+    addr = lambda ln: int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16)
+    best = (0, 0)
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
+        if m and m.group(1):
+            target_addr = int(m.group(1), 16)
+            start = next((j for j, l2 in enumerate(lines) if addr(l2) == target_addr), None)
+            if start is not None and start < i and i - start > best[1] - best[0]:
+                best = (start, i)
+    body = lines[best[0]: best[1] + 1]
+    if args.loop:
+        print("\n".join(ln.split(";")[0] for ln in body))
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", ln.split("*/", 1)[1].strip()).split()[0].split(".")[0]
+                              for ln in body)
+    print(f"hot loop: {len(body)} instructions, {ops.get('HMMA', 0)} HMMA")
+    for op, c in ops.most_common(16):
+        print(f"  {op:10s} {c}")
+
+
+if __name__ == "__main__":
+    main()
