@@ -21,6 +21,7 @@ COPY_GBPS = 4245.0  # measured H200 device-to-device copy (BENCHMARKS.md)
 FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
            "w3a16-int3-g128": dict(weight="int3", group_size=128),
            "w8a16-int8-channel": dict(weight="int8")}
+EXTRA_FORMATS = {"w4a16-e0m3-g128": dict(weight="float4e0m3", group_size=128)}  # sign-magnitude, +-7
 
 
 def graph_time_us(fns, x, replays=20) -> float:
@@ -90,7 +91,7 @@ def main() -> None:
     del dense, cublas
 
     for name in args.formats.split(","):
-        scheme = hg.QuantScheme(**FORMATS[name])
+        scheme = hg.QuantScheme(**{**FORMATS, **EXTRA_FORMATS}[name])
         t0 = time.perf_counter()
         qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(L)]
         layers = [hg.QuantLinear.from_quantized(q) for q in qws]
@@ -143,37 +144,52 @@ def humming_rows(results, name, n, k, L, xs) -> None:
     torch.cuda.empty_cache()
 
 
-SWEEP = {  # M -> candidate tunings (TuningConfig fields); every candidate runs as a one-bucket layer
-    m: [dict(block_m=bm, block_n=128, warps_n=2, block_k=256, warps_k=4, stages=st, split_k=sk, ctas_per_sm=c)
-        for sk, c, st in ((2, 1, 4), (4, 2, 4), (4, 2, 3), (3, 1, 4))]
-    for m, bm in ((1, 8), (16, 16))
-}
+def _tile(bm: int, bk: int, wm: int, wk: int, split: int, stages: int = 4, ctas: int = 1) -> dict:
+    """A TuningConfig of the standard pipeline in the layer's shared weight layout (block_n 128, 2 n warps)."""
+    return dict(block_m=bm, block_n=128, warps_n=2, block_k=bk, warps_m=wm, warps_k=wk, stages=stages,
+                split_k=split, ctas_per_sm=ctas)
 
 
-def sweep(results, qws, xs) -> None:
-    """Time one-bucket layers built from each candidate tuning, with and without programmatic dependent launch."""
+# (M, candidate tunings); each candidate runs as a one-bucket layer, the first of each M is the current heuristic's.
+SWEEP = (
+    (1, [_tile(8, 256, 1, 4, 2), _tile(8, 256, 1, 4, 4, 4, 2), _tile(8, 256, 1, 4, 4, 3, 2)]),
+    (16, [_tile(16, 256, 1, 4, 2), _tile(16, 256, 1, 4, 4, 4, 2), _tile(16, 256, 1, 4, 4, 3, 2)]),
+    (64, [_tile(64, 128, 1, 2, 2), _tile(64, 128, 1, 2, 2, 4, 2), _tile(64, 128, 2, 2, 2), _tile(64, 256, 1, 4, 2), _tile(64, 256, 2, 4, 2, 3),
+          _tile(32, 256, 1, 4, 1)]),
+    (256, [_tile(64, 128, 1, 2, 1), _tile(64, 128, 1, 2, 1, 4, 2), _tile(64, 128, 2, 2, 1), _tile(128, 128, 2, 2, 1), _tile(64, 256, 1, 4, 1)]),
+    (1024, [_tile(128, 64, 2, 1, 1), _tile(128, 128, 2, 2, 1), _tile(256, 64, 4, 1, 1), _tile(128, 64, 2, 1, 1, 4, 2)]),
+)
 
+
+def sweep(results, qws, xs, rounds: int = 2) -> None:
+    """Time one-bucket layers built from each candidate tuning. Candidates of one M are timed in turn, `rounds`
+    times over, so that clock drift (e.g. after the large-M runs) shows as round-to-round spread, not as a
+    difference between candidates."""
     from humming_gen.config import TuningConfig
     from humming_gen.heuristics import TuningPlan
-    from humming_gen.targets import Target
 
-    target = Target.current()
-    targets = {"pdl": target} if target.has("pdl") else {"no-pdl": target}
-    for m, candidates in SWEEP.items():
+    for m, candidates in SWEEP:
         if m not in xs:
             continue
+        built = []
         for fields in candidates:
-            for label, tgt in targets.items():
-                try:
-                    plan = TuningPlan(((None, TuningConfig(**fields)),))
-                    layers = [hg.QuantLinear.from_quantized(q, tunings=plan, target=tgt) for q in qws]
-                    t = graph_time_us(layers, xs[m])
-                except Exception as e:  # a candidate may not fit (shared memory, layout)
-                    print(f"sweep m={m} {label} {fields}: {type(e).__name__}: {str(e).splitlines()[-1]}")
-                    continue
-                results.setdefault("sweep", []).append({"m": m, "launch": label, **fields, "graph_us": t})
-                print(f"sweep m={m} {label} {fields}: {t:.1f} us", flush=True)
-                del layers
+            try:
+                plan = TuningPlan(((None, TuningConfig(**fields)),))
+                built.append((fields, [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]))
+            except Exception as e:  # a candidate may not fit (shared memory, layout)
+                print(f"sweep m={m} {fields}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+        times = {i: [] for i in range(len(built))}
+        for _ in range(rounds):
+            for i, (fields, layers) in enumerate(built):
+                times[i].append(graph_time_us(layers, xs[m]))
+        for i, (fields, _) in enumerate(built):
+            t = min(times[i])
+            results.setdefault("sweep", []).append({"m": m, **fields, "graph_us": t, "rounds_us": times[i]})
+            tiles = f"{fields['block_m']}x128x{fields['block_k']} w{fields['warps_m']}x2x{fields['warps_k']} " \
+                    f"s{fields['stages']} k{fields['split_k']} c{fields['ctas_per_sm']}"
+            print(f"sweep m={m} {tiles}: {t:.1f} us (rounds {', '.join(f'{v:.1f}' for v in times[i])})", flush=True)
+        del built
+        torch.cuda.empty_cache()
 
 
 def print_table(results, ms) -> None:
