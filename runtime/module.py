@@ -215,6 +215,10 @@ def load(compiled: CompiledKernel, dynamic_smem_bytes: int = 0) -> LoadedKernel:
                 function = driver_call("cuModuleGetFunction", module, name.encode())
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}\n  no extern \"C\" kernel named {name!r} in the cubin") from exc
+            # The kernels stage everything in shared memory and read global memory past L1 (cp.async.cg):
+            # the largest carveout lets CTAs share an SM (ctas_per_sm, and the next kernel's under PDL).
+            driver_call("cuFuncSetAttribute", function,
+                        drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
             _functions[(sha, device, name)] = function
 
         static = _func_attribute(function, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES")

@@ -14,11 +14,15 @@ import attrs
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.targets import Target
 
-# (largest M of the bucket, block_m, warps_m, warps_k, max stages); the last bucket is open-ended.
-# Measured on the H200 (bench/bench_dense.py --sweep, W4A16 8192x8192): 4 stages suffice at small M, and at
-# large M a 64-row warp tile (warps_m=2) beats four 32-row warps that each dequantize the same weights.
-BUCKETS = ((8, 8, 1, 4, 4), (16, 16, 1, 4, 4), (32, 32, 1, 4, 4), (64, 64, 1, 2, 4), (256, 64, 1, 2, 4),
-           (None, 128, 2, 1, 4))
+# (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
+# Measured on the H200 (bench/bench_dense.py --sweep, W4A16 8192x8192, graph us per layer):
+# - M <= 8: two CTAs per SM of 3 stages with split-K covering both (14.5-14.7) beat one CTA of 4 stages with
+#   half the split (14.7-18.4, erratic): one CTA's prologue and split-K hand-off hide behind the other's loop.
+# - M <= 16: one CTA of 4 stages (17.2) beats two (17.4-18.0).
+# - M <= 64: two m blocks of 32 rows, no split (38.4), beat one 64-row block split in two (44.4; 8 warps 40.2).
+# - larger M: a 64-row warp tile (warps_m=2) beats four 32-row warps that each dequantize the same weights.
+BUCKETS = ((8, 8, 1, 4, 3, 2), (16, 16, 1, 4, 4, 1), (32, 32, 1, 4, 4, 1), (64, 32, 1, 4, 4, 1),
+           (256, 64, 1, 2, 4, 1), (None, 128, 2, 1, 4, 1))
 LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
 SMEM_BUDGET_FRACTION = 0.9
 
@@ -45,12 +49,19 @@ def _stage_bytes(layer: LayerConfig, block_m: int, block_n: int, block_k: int) -
     return block_m * block_k * 2 + block_n * block_k * bits // 8 + 2 * group_rows * block_n * 2
 
 
-def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int) -> int:
-    """Enough k slices for the grid to cover the SMs about once (never more than the k tiles)."""
+def _budget(target: Target, ctas_per_sm: int) -> int:
+    """Shared memory one CTA may plan for when `ctas_per_sm` share an SM (1 KB per CTA is the driver's)."""
+    per_cta = min(target.smem_per_block_optin, target.smem_per_sm // ctas_per_sm - 1024)
+    return int(per_cta * SMEM_BUDGET_FRACTION)
+
+
+def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int, ctas_per_sm: int) -> int:
+    """Enough k slices for the grid to fill every CTA slot about once (never more than the k tiles)."""
     k_tiles = math.ceil(layer.k / block_k)
-    if tiles >= target.sm_count * 0.75:
+    slots = target.sm_count * ctas_per_sm
+    if tiles >= slots * 0.75:
         return 1
-    split = max(1, round(target.sm_count / tiles))
+    split = max(1, round(slots / tiles))
     return max(1, min(split, k_tiles // 2 if k_tiles >= 2 else 1, 16))
 
 
@@ -60,15 +71,18 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     layout = {**LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in LAYOUT}}
     block_n, warps_n, warp_k = layout["block_n"], layout["warps_n"], layout["warp_k"]
     n_blocks = math.ceil(layer.n / block_n)
-    budget = int(target.smem_per_block_optin * SMEM_BUDGET_FRACTION)
     buckets = []
-    for m_max, block_m, warps_m, warps_k, max_stages in BUCKETS:
+    for m_max, block_m, warps_m, warps_k, max_stages, ctas in BUCKETS:
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
-        stages = max(2, min(max_stages, budget // _stage_bytes(layer, block_m, block_n, block_k)))
-        split = _split_k(layer, target, n_blocks * m_blocks, block_k) if m_max is not None and m_max <= 64 else 1
+        stage_bytes = _stage_bytes(layer, block_m, block_n, block_k)
+        if ctas > 1 and _budget(target, ctas) // stage_bytes < max_stages:
+            ctas, max_stages = 1, 4  # the SM cannot hold two full rings (sm_86's 100 KB): one CTA, 4 stages
+        stages = max(2, min(max_stages, _budget(target, ctas) // stage_bytes))
+        split = (_split_k(layer, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
+                 else 1)
         fields = dict(block_m=block_m, block_n=block_n, block_k=block_k, warps_m=warps_m, warps_n=warps_n,
-                      warps_k=warps_k, stages=stages, split_k=split)
+                      warps_k=warps_k, stages=stages, split_k=split, ctas_per_sm=ctas)
         fields.update(overrides)
         buckets.append((m_max, TuningConfig(**fields)))
     return TuningPlan(tuple(buckets))

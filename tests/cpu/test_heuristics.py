@@ -63,6 +63,7 @@ def test_every_bucket_composes_and_shares_the_weight_layout(name: str, target: s
         assert plan.shared_bytes <= tgt.smem_per_block_optin
         assert plan.threads <= 1024 and plan.threads % 32 == 0
         assert plan.threads * tuning.ctas_per_sm <= tgt.max_threads_per_sm
+        assert tuning.ctas_per_sm * (plan.shared_bytes + 1024) <= tgt.smem_per_sm  # 1 KB per CTA: the driver's
         assert not plan.b_layout.check()
         keys.add(layout_key(plan))
     assert len(keys) == 1, f"buckets need {len(keys)} different weight layouts: {keys}"

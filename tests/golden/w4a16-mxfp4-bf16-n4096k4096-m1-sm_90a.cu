@@ -1,8 +1,8 @@
 // humming_gen 0.1.0 - generated; edit templates/, not this file
-// kernel  gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4   key 7a459818ee8d
+// kernel  gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8   key 233cbbd6da16
 // layer   n=4096 k=4096 weight=float4e2m1 scale=float8e8m0/g32 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
-// tuning  pipeline=standard mma=m16n8k16 block=8x128x256 warps=1x2x4 stages=4 split_k=4 stream_k=no load=a:cp_async,b:cp_async,scale:cp_async ctas_per_sm=1 raster=n_major cluster=1x1
+// tuning  pipeline=standard mma=m16n8k16 block=8x128x256 warps=1x2x4 stages=3 split_k=8 stream_k=no load=a:cp_async,b:cp_async,scale:cp_async ctas_per_sm=2 raster=n_major cluster=1x1
 // target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
 // components (in order):
 //   ptx.SmemAddress()
@@ -20,15 +20,15 @@
 //   memory.BTileCpAsync(bits=4, tile_bytes=16384)
 //   memory.GroupParamsCpAsync(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
 //   mma.MmaSyncM16N8K16(dtype='bfloat16')
-//   schedule.DenseSplitKSchedule(split_k=4)
+//   schedule.DenseSplitKSchedule(split_k=8)
 //   epilogue.WarpKReduce(warps_k=4)
-//   epilogue.SplitKReduce(split_k=4)
+//   epilogue.SplitKReduce(split_k=8)
 //   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 32, "scale_dtype": "float8e8m0", "scale_rule": "rceil", "weight": "float4e2m1", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
-//   tuning  {"a_load": "cp_async", "b_load": "cp_async", "block_k": 256, "block_m": 8, "block_n": 128, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "m16n8k16", "pipeline": "standard", "raster": "n_major", "scale_load": "cp_async", "split_k": 4, "stages": 4, "stream_k": false, "warps_k": 4, "warps_m": 1, "warps_n": 2}
+//   tuning  {"a_load": "cp_async", "b_load": "cp_async", "block_k": 256, "block_m": 8, "block_n": 128, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 2, "mma": "m16n8k16", "pipeline": "standard", "raster": "n_major", "scale_load": "cp_async", "split_k": 8, "stages": 3, "stream_k": false, "warps_k": 4, "warps_m": 1, "warps_n": 2}
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -51,10 +51,10 @@ constexpr int kWarpMTiles = 1;  // m8 mma tiles per warp
 constexpr int kWarpNTiles = 4;  // n16 mma tiles per warp
 constexpr int kChunksPerWarp = 1;  // 16-tile weight chunks per warp and stage
 constexpr int kThreads = 256;
-constexpr int kStages = 4;  // cp.async ring depth
+constexpr int kStages = 3;  // cp.async ring depth
 constexpr int kKTiles = 16;  // k tiles of kBlockK covering K
 constexpr int kBStride = 16384;  // 16-byte chunks per n block of the packed weight
-constexpr int kSplitK = 4;  // k slices reduced in the epilogue
+constexpr int kSplitK = 8;  // k slices reduced in the epilogue
 constexpr int kGroupRows = 8;  // group-parameter rows per stage
 constexpr int kGroupSizeInStage = 32;  // k elements per group row inside a stage
 constexpr int kGroupRowsPerKTile = 8;
@@ -291,7 +291,7 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], c
 
 // ======================================== schedule
 
-// ---- schedule.DenseSplitKSchedule(split_k=4)
+// ---- schedule.DenseSplitKSchedule(split_k=8)
 // schedule: dense tiles with split-K, so that small M still fills every SM. blockIdx.x walks n tiles (fastest:
 // CTAs in flight share one activation tile in L2), blockIdx.y m tiles, blockIdx.z the kSplitK slices of the
 // kKTiles k tiles (balanced to within one tile).
@@ -339,7 +339,7 @@ __device__ __forceinline__ void reduce_warps_k(float (&acc)[cfg::kWarpNTiles][cf
   }
 }
 
-// ---- epilogue.SplitKReduce(split_k=4)
+// ---- epilogue.SplitKReduce(split_k=8)
 // epilogue: split-K hand-off between CTAs. Every slice stores its fp32 partial tile to the workspace; the last
 // slice to arrive (an arrival counter per output tile) sums all slices in slice order (deterministic, batch
 // invariant) and finishes the tile, then resets the counter, so the workspace never needs clearing.
@@ -414,13 +414,13 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=1, pdl=True)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile
 //, b_scale} are kept in flight; each warp owns a kWarpN x kWarpM
 // slice of the CTA tile and a 1/kWarpsK share of every stage's k range.
-extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s4w1x2x4k4(const Params p) {
+extern "C" __global__ void __launch_bounds__(cfg::kThreads, 2) gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8(const Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const TileCoord tc = tile_coord();
   const int warp = threadIdx.x / 32;
