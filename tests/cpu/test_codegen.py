@@ -59,7 +59,7 @@ def test_matrix_size_and_spread() -> None:
     assert {"uint4", "uint8", "float4e2m1", "float8e4m3", "float8e5m2", "float6e2m3", "float4e0m3",
             "float8e0m7"} <= weights
     grans = {(c.layer.scheme.granularity, c.layer.scheme.group_size) for c in CASES}
-    for g in (32, 64, 128, 48):
+    for g in (32, 64, 128, 48, 8, 24, 40, 100, 7):
         assert ("group", g) in grans
     assert {"channel", "block", "tensor"} <= {g for g, _ in grans}
     assert {c.layer.dtype for c in CASES} == {"bfloat16", "float16"}
