@@ -108,7 +108,7 @@ def emulate_weight(plan, qw) -> torch.Tensor:
     codes = unpack_codes(pw.b, plan.b_layout, plan.n_pad, plan.k_pad)[: qw.n, : qw.k].long()
     table = torch.tensor([converter.emulate(c) for c in range(1 << qw.scheme.weight.bits)], dtype=torch.float64)
     x = table[codes]
-    rows = kernel_group_row(plan, torch.arange(qw.k))
+    rows = kernel_group_row(plan, torch.arange(plan.k_pad))[: qw.k]  # the kernel also reads rows for padded k
     assert tuple(pw.b_scale.shape) == (plan.group.rows, plan.n_pad)
     scale = _unpermute(pw.b_scale.double())[rows, : qw.n].t()
     zero = None if pw.b_zero is None else _unpermute(pw.b_zero.double())[rows, : qw.n].t()
