@@ -102,8 +102,8 @@ def _unpermute(t: torch.Tensor) -> torch.Tensor:
 def emulate_weight(plan, qw) -> torch.Tensor:
     """(N, K) float64 weight as the kernel dequantizes it from the prepared tensors."""
     pw = prepare_weight(plan, qw, "cpu")
-    converter = select_converter(qw.scheme.weight, plan.layer.dtype)
-    assert converter in plan.components
+    converter = select_converter(qw.scheme.weight, plan.layer.dtype)  # its values, wherever its code renders
+    assert converter.bias == plan.converter_bias
     apply = next(c for c in plan.components if hasattr(c, "expression"))
     codes = unpack_codes(pw.b, plan.b_layout, plan.n_pad, plan.k_pad)[: qw.n, : qw.k].long()
     table = torch.tensor([converter.emulate(c) for c in range(1 << qw.scheme.weight.bits)], dtype=torch.float64)
