@@ -22,6 +22,7 @@ from humming_gen.components.pipeline.standard import StandardPipeline, offset_co
 from humming_gen.components.ptx.wrappers import wrapper
 from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.schemes import QuantScheme
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
@@ -36,12 +37,18 @@ class ComposeError(ValueError):
 
 @attrs.frozen
 class GroupPlan:
-    """How per-group parameters reach the kernel: group size along K in the kernel layout, rows per k tile."""
+    """How per-group parameters reach the kernel: group size along K in the kernel layout, rows per k tile.
+
+    `arbitrary`: the group size is not a multiple of the mma k step (16), so groups do not line up with k tiles.
+    Each stage then loads the group rows its k range touches, starting at row k0 // group_size, and every A
+    fragment register finds its own row from its k (`arbitrary_group_size`).
+    """
 
     group_size: int          # elements of K per kernel group row
     rows: int                # kernel group rows (K_pad / group_size, rounded up)
     rows_per_stage: int      # rows a stage loads
     tensors: tuple[str, ...]  # "b_scale", "b_zero"
+    arbitrary: bool = False  # group_size is not a multiple of 16 (see above)
 
 
 @attrs.frozen
@@ -95,30 +102,41 @@ def kernel_group_size(group_size: int) -> int:
     return math.gcd(group_size, K_ALIGN)
 
 
-def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int, reasons: list[str]) -> GroupPlan | None:
+def arbitrary_group_size(scheme: QuantScheme) -> int | None:
+    """The scheme's group size along K when no kernel group size that is a multiple of 16 serves it (8, 24, 40,
+    100, 7, a block scale of K side 24), else None. Such groups keep their own size in the kernel layout."""
+    if scheme.granularity == "group":
+        g = scheme.group_size
+    elif scheme.granularity == "block":
+        g = scheme.block_size[1]
+    else:
+        return None
+    return g if kernel_group_size(g) % 16 else None
+
+
+def arbitrary_rows_per_stage(group_size: int, block_k: int) -> int:
+    """Most group rows a k tile [k0, k0 + block_k) touches, k0 a multiple of block_k: k0 % group_size is a
+    multiple of gcd(block_k, group_size), at most group_size - gcd, and the tile spans that many more elements."""
+    return (block_k - 1 + group_size - math.gcd(block_k, group_size)) // group_size + 1
+
+
+def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int) -> GroupPlan | None:
     s = layer.scheme
+    tensors = ("b_scale", "b_zero") if s.zero_point is not None else ("b_scale",)
+    bk = tuning.block_k
+    arbitrary = arbitrary_group_size(s)
+    if arbitrary is not None:
+        rows = math.ceil(k_pad / arbitrary)  # the last, (k_pad - 1) // group_size, holds the last padded k
+        per_stage = min(rows, arbitrary_rows_per_stage(arbitrary, bk))
+        return GroupPlan(group_size=arbitrary, rows=rows, rows_per_stage=per_stage, tensors=tensors, arbitrary=True)
     if s.granularity == "group":
         g = kernel_group_size(s.group_size)
-        if g % 16:
-            reasons.append(f"scheme group_size={s.group_size} is not a multiple of 16 (the mma k step); the standard "
-                           f"pipeline serves group sizes that are multiples of 16")
-            return None
     elif s.granularity == "block":
         g = kernel_group_size(s.block_size[1])
-        if g % 16:
-            reasons.append(f"scheme block_size={tuple(s.block_size)}: its K side {s.block_size[1]} is not a multiple "
-                           f"of 16 (the mma k step)")
-            return None
     elif s.granularity == "channel" and s.zero_point is not None:
         g = k_pad  # one group spanning K: zero points need the in-register path
     else:
         return None
-    if g % 16:
-        reasons.append(f"group size {g} along K is not a multiple of 16 (the mma k step); the standard "
-                       f"pipeline serves group sizes that are multiples of 16")
-        return None
-    bk = tuning.block_k
-    tensors = ("b_scale", "b_zero") if s.zero_point is not None else ("b_scale",)
     return GroupPlan(group_size=g, rows=math.ceil(k_pad / g), rows_per_stage=max(1, bk // g), tensors=tensors)
 
 
@@ -199,7 +217,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if t.split_k > k_tiles:
         reasons.append(f"tuning.split_k={t.split_k} exceeds the {k_tiles} k tiles of K={layer.k} "
                        f"with block_k={t.block_k}")
-    group = _group_plan(layer, t, k_pad, reasons)
+    group = _group_plan(layer, t, k_pad)
     missing = target.features
     for comp_req in (StandardPipeline.requires, ATileCpAsync.requires):
         for f in comp_req:
@@ -215,7 +233,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # --- components, by family ---------------------------------------------------------------
     # Where a warp's stage slice lies in one group and few m tiles share each weight, the group scale is applied
     # to the slice's fp32 partial sums (per row, once per stage) instead of to every dequantized weight.
-    hoist = bool(group and group.group_size % warp_k == 0)
+    hoist = bool(group and not group.arbitrary and group.group_size % warp_k == 0)
     slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
     apply = _scale_apply(group, s.zero_point, converter, offset, dtype, slice_scale)
     # A conversion that is an OR of a magic number merges into the extraction's LOP3 and is not rendered.
@@ -225,8 +243,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:
+        # An odd group size can put a group boundary inside a register's (k, k + 1) pair: each element then reads
+        # its own row, and the broadcasting pair load is not used.
+        odd = group.arbitrary and group.group_size % 2 == 1
         memory.append(GroupParamsCpAsync(dtype=dtype, tensors=group.tensors, float_scales=slice_scale,
-                                         pair_loads=not slice_scale or s.zero_point is not None))
+                                         pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
+                                         arbitrary_groups=group.arbitrary, odd_group_size=odd))
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
     schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
@@ -241,7 +263,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 convert_in_extract=or_bits is not None,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
-                                pdl=pdl)
+                                pdl=pdl, arbitrary_groups=bool(group and group.arbitrary))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     used_ptx: set[str] = set()
     for c in body:
@@ -280,7 +302,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     ]
     if t.split_k > 1:
         constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))
-    if group is not None:
+    if group is not None and group.arbitrary:
+        constants += [
+            ("kGroupRows", group.rows_per_stage, "group-parameter rows per stage (the most a k tile touches)"),
+            ("kGroupSize", group.group_size, "k elements per group (not a multiple of the mma k step)"),
+            ("kGroupTensorRows", group.rows, "group rows of the whole tensor: ceil(kKPad / kGroupSize)"),
+        ]
+    elif group is not None:
         constants += [
             ("kGroupRows", group.rows_per_stage, "group-parameter rows per stage"),
             ("kGroupSizeInStage", min(group.group_size, t.block_k), "k elements per group row inside a stage"),

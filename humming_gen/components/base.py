@@ -26,7 +26,14 @@ class Component:
         return {}
 
     def describe(self) -> str:
-        """One line for the generated header: name and parameters."""
+        """One line for the generated header: name and parameters (an `option_field` only when set)."""
         params = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(type(self))
-                           if not f.name.startswith("_"))
+                           if not f.name.startswith("_")
+                           and not (f.metadata.get("listed_when_set") and getattr(self, f.name) == f.default))
         return f"{self.family}.{type(self).__name__}({params})"
+
+
+def option_field(default: Any = False) -> Any:
+    """A component field for an option added after kernels were generated without it: `describe` lists it only
+    when it differs from `default`, so the sources (and cache keys) of kernels that do not use it stay as they were."""
+    return attrs.field(default=default, metadata={"listed_when_set": True})

@@ -11,6 +11,7 @@ import math
 
 import attrs
 
+from humming_gen.codegen.compose import arbitrary_group_size, arbitrary_rows_per_stage
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.targets import Target
 
@@ -45,7 +46,10 @@ class TuningPlan:
 
 def _stage_bytes(layer: LayerConfig, block_m: int, block_n: int, block_k: int) -> int:
     bits = layer.scheme.weight.bits
-    group_rows = 2  # generous: scales and zero points for a couple of group rows
+    arbitrary = arbitrary_group_size(layer.scheme)
+    # generous: scales and zero points for a couple of group rows; groups that are not a multiple of 16 need
+    # every row a k tile touches (block_k / group_size and more)
+    group_rows = 2 if arbitrary is None else arbitrary_rows_per_stage(arbitrary, block_k)
     return block_m * block_k * 2 + block_n * block_k * bits // 8 + 2 * group_rows * block_n * 2
 
 
@@ -73,6 +77,10 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     n_blocks = math.ceil(layer.n / block_n)
     buckets = []
     for m_max, block_m, warps_m, warps_k, max_stages, ctas in BUCKETS:
+        # fewer k warps where two stages would not fit (many group rows per stage: small groups with zero points)
+        while (warps_k > 1
+               and 2 * _stage_bytes(layer, block_m, block_n, warp_k * warps_k) > target.smem_per_block_optin):
+            warps_k //= 2
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
         stage_bytes = _stage_bytes(layer, block_m, block_n, block_k)

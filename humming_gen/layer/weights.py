@@ -34,7 +34,9 @@ def layout_key(plan: KernelPlan) -> tuple:
 
 
 def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
-    """Scheme-shaped (a, b) scale-like tensor -> (rows, N) for kernel groups of `group_size` along K."""
+    """Scheme-shaped (a, b) scale-like tensor -> (rows, N) for kernel groups of `group_size` along K: the scheme's
+    own group (any size, also one that is not a multiple of 16) or a divisor of it, whose rows repeat its values.
+    Rows past the scheme's last group (K padded to k_pad) repeat the last one."""
     s = qw.scheme
     n, k = qw.n, qw.k
     if s.granularity == "block":

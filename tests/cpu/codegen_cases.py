@@ -158,6 +158,15 @@ def codegen_cases() -> list[Case]:
         c("float8e4m3", "channel", scale_dtype="float32", tuning=T_WIDE, tag="bn256"),
         c("int2", "group", group_size=64, tuning=T_WARP_K128, tag="wk128-splitk4"),
         c("int4", "group", group_size=128, out_dtype="float32", m=1),
+        # group sizes (and block K sides) that are not multiples of 16: each register finds its group row
+        c("int4", "group", group_size=8, m=1),
+        c("int4", "group", group_size=24, m=4096),
+        c("uint4", "group", group_size=40, zero_point="int", m=16),
+        c("uint4", "group", group_size=100, zero_point="float", n=4000, k=1000, m=64),
+        c("float4e2m1", "group", group_size=24, scale_dtype="float8e8m0", tuning=T_ODD_M, tag="bm24"),
+        c("int4", "group", group_size=7, n=1001, k=1000, m=1),
+        c("uint4", "group", group_size=7, zero_point="float", dtype="float16", tuning=T_SPLITK, tag="splitk3-wk2"),
+        c("float8e4m3", "block", block=(128, 24), scale_dtype="float32", m=1),
     ]
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), f"duplicate case ids: {sorted(i for i in ids if ids.count(i) > 1)}"

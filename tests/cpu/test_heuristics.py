@@ -28,6 +28,10 @@ LAYERS = {
     "mxfp4-g32-fp16-2880x2880": LayerConfig(2880, 2880, "w4a16-mxfp4", dtype="float16"),
     "int3-g128-small-256x200": LayerConfig(256, 200, "w3a16-int3-g128"),
     "uint2-zp-g64-tiny-16x64": LayerConfig(16, 64, "w2a16-int2-g64-zp"),
+    # groups that are not multiples of 16: a stage holds every row its k range touches (38 for g7, block_k 256)
+    "uint4-zp-g7-4096x4096": LayerConfig(4096, 4096, QuantScheme("uint4", group_size=7, zero_point="float")),
+    "fp8-block128x24-1001x1000": LayerConfig(1001, 1000, QuantScheme("float8e4m3", block_size=(128, 24),
+                                                                     scale_dtype="float32")),
 }
 PROBE_M = (1, 2, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 255, 256, 257, 1000, 4096, 65536, 10**7)
 

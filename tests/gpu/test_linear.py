@@ -70,6 +70,25 @@ CASES = ([(cid, kw, torch.bfloat16, 1024, 2048, False) for cid, kw in FORMATS]
          + [(f"uint4-g128-zp-n{n}-k{k}", dict(weight="uint4", group_size=128, zero_point="int"), torch.bfloat16,
              n, k, False) for n, k in SHAPES[:2]])
 
+# Group sizes (and a block scale K side) that are not multiples of 16: each register finds its group row. Every
+# one runs on an odd N with K = 1000 (a partial last group, rows past K) and on a larger square-ish shape.
+ARBITRARY_M_VALUES = (1, 16, 127, 1000)
+ARBITRARY_GROUPS = [
+    ("int4-g8", dict(weight="int4", group_size=8), torch.bfloat16),
+    ("int4-g24", dict(weight="int4", group_size=24), torch.bfloat16),
+    ("int4-g40", dict(weight="int4", group_size=40), torch.bfloat16),
+    ("int4-g100", dict(weight="int4", group_size=100), torch.bfloat16),
+    ("int4-g7", dict(weight="int4", group_size=7), torch.bfloat16),
+    ("uint4-g100-zp", dict(weight="uint4", group_size=100, zero_point="int"), torch.bfloat16),
+    ("uint4-g24-fzp", dict(weight="uint4", group_size=24, zero_point="float"), torch.bfloat16),
+    ("fp16-int4-g40", dict(weight="int4", group_size=40), torch.float16),
+    ("float8e4m3-block128x24", dict(weight="float8e4m3", block_size=(128, 24), scale_dtype="float32"),
+     torch.bfloat16),
+]
+ARBITRARY_SHAPES = [(1001, 1000), (2048, 4096)]
+ARBITRARY_CASES = [(f"{cid}-n{n}-k{k}", kw, dtype, n, k, (n, k) == ARBITRARY_SHAPES[0])
+                   for cid, kw, dtype in ARBITRARY_GROUPS for n, k in ARBITRARY_SHAPES]
+
 
 def run_case(kwargs, dtype, n, k, bias_on, m_values=M_VALUES):
     torch.manual_seed(n * 7 + k)
@@ -106,6 +125,14 @@ def _launch_args(layer, x, out):
 def test_quant_linear_matches_reference(case):
     cid, kwargs, dtype, n, k, bias_on = case
     errors = run_case(kwargs, dtype, n, k, bias_on)
+    bad = {m: e for m, e in errors.items() if not e < TOLERANCE[dtype]}
+    assert not bad, f"{cid}: relative error above {TOLERANCE[dtype]} at {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("case", ARBITRARY_CASES, ids=[c[0] for c in ARBITRARY_CASES])
+def test_group_sizes_not_multiple_of_16_match_reference(case):
+    cid, kwargs, dtype, n, k, bias_on = case
+    errors = run_case(kwargs, dtype, n, k, bias_on, m_values=ARBITRARY_M_VALUES)
     bad = {m: e for m, e in errors.items() if not e < TOLERANCE[dtype]}
     assert not bad, f"{cid}: relative error above {TOLERANCE[dtype]} at {bad} (all: {errors})"
 

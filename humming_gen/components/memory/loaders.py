@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 
 
 @attrs.frozen
@@ -48,7 +48,11 @@ class GroupParamsCpAsync(Component):
     tensors: tuple[str, ...]
     float_scales: bool  # read scales as fp32 (group scale applied to fp32 partial sums)
     pair_loads: bool  # read (row g, row g + 8) pairs broadcast into 16-bit pairs (scales or zero points)
+    # The group size is not a multiple of 16: a stage holds the rows its k range touches (clamped at the tensor's
+    # last row) and load_group_pair_at finds a register pair's row from its k.
+    arbitrary_groups: bool = option_field()
+    odd_group_size: bool = option_field()  # the (k, k + 1) elements of a register pair may lie in different groups
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("smem_address", "cp_async") + (("prmt",) if self.pair_loads else ())
+        return ("smem_address", "cp_async") + (("prmt",) if self.pair_loads or self.odd_group_size else ())

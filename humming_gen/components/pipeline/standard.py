@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 
 
 @attrs.frozen
@@ -24,13 +24,16 @@ class StandardPipeline(Component):
     split_k: bool
     min_blocks: int
     pdl: bool
+    arbitrary_groups: bool = option_field()  # group size not a multiple of 16: a register finds its group row
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("grid_dependency",) if self.pdl else ()
 
     def extra_context(self) -> dict:
-        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+        # with arbitrary groups a step's two k halves have their own group parameters, [0] and [1]
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params},
+                "param_half": "[r / 2]" if self.arbitrary_groups else ""}
 
 
 def offset_constant(tensor: str) -> str:
