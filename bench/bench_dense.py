@@ -21,7 +21,9 @@ COPY_GBPS = 4245.0  # measured H200 device-to-device copy (BENCHMARKS.md)
 FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
            "w3a16-int3-g128": dict(weight="int3", group_size=128),
            "w8a16-int8-channel": dict(weight="int8")}
-EXTRA_FORMATS = {"w4a16-e0m3-g128": dict(weight="float4e0m3", group_size=128)}  # sign-magnitude, +-7
+EXTRA_FORMATS = {"w4a16-e0m3-g128": dict(weight="float4e0m3", group_size=128),  # sign-magnitude, +-7
+                 "w4a16-int4-g100": dict(weight="int4", group_size=100),  # a group size that is not 16k
+                 "w4a16-int4-g7": dict(weight="int4", group_size=7)}
 
 
 def graph_time_us(fns, x, replays=20) -> float:
@@ -159,6 +161,14 @@ SWEEP = (
     (256, [_tile(64, 128, 1, 2, 1), _tile(64, 128, 1, 2, 1, 4, 2), _tile(64, 128, 2, 2, 1), _tile(128, 128, 2, 2, 1), _tile(64, 256, 1, 4, 1)]),
     (1024, [_tile(128, 64, 2, 1, 1), _tile(128, 128, 2, 2, 1), _tile(256, 64, 4, 1, 1), _tile(128, 64, 2, 1, 1, 4, 2)]),
 )
+# The same with a 128-wide warp k slice (a different weight layout): 8 k16 steps per barrier instead of 4.
+SWEEP_WARP_K128 = (
+    (1, [_tile(8, 256, 1, 2, 4, 3, 2)]),
+    (16, [_tile(16, 256, 1, 2, 2)]),
+    (64, [_tile(32, 256, 1, 2, 1), _tile(32, 256, 2, 2, 1), _tile(64, 256, 2, 2, 1)]),
+    (256, [_tile(64, 256, 1, 2, 1), _tile(64, 256, 2, 2, 1)]),
+    (1024, [_tile(128, 128, 2, 1, 1)]),
+)
 
 
 def sweep(results, qws, xs, rounds: int = 2) -> None:
@@ -168,7 +178,10 @@ def sweep(results, qws, xs, rounds: int = 2) -> None:
     from humming_gen.config import TuningConfig
     from humming_gen.heuristics import TuningPlan
 
-    for m, candidates in SWEEP:
+    merged = {m: list(c) for m, c in SWEEP}
+    for m, c in SWEEP_WARP_K128:
+        merged.setdefault(m, []).extend(c)
+    for m, candidates in merged.items():
         if m not in xs:
             continue
         built = []

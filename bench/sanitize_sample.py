@@ -1,5 +1,5 @@
 """A few small layers for compute-sanitizer (memcheck / racecheck): split-K, warp-k reduction, zero points,
-bias, odd shapes. Prints the max relative error so a sanitizer log also shows the numbers."""
+bias, odd shapes, group sizes that are not multiples of 16. Prints the max relative error so a sanitizer log also shows the numbers."""
 
 import torch
 
@@ -8,7 +8,9 @@ from humming_gen.reference import reference_gemm
 
 CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200)),
          (dict(weight="uint4", group_size=64, zero_point="int"), 512, 1024, False, (3, 33)),
-         (dict(weight="float8e4m3", scale_dtype="float32"), 256, 520, False, (5,))]
+         (dict(weight="float8e4m3", scale_dtype="float32"), 256, 520, False, (5,)),
+         (dict(weight="int4", group_size=7), 300, 1000, True, (1, 40)),  # odd group: rows past K, pair straddles
+         (dict(weight="uint4", group_size=100, zero_point="float"), 256, 1000, False, (2, 130))]
 
 worst = 0.0
 for kwargs, n, k, bias_on, ms in CASES:

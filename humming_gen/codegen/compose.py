@@ -27,8 +27,8 @@ from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
 SECTION_ORDER = ("ptx", "numeric", "memory", "mma", "schedule", "epilogue", "pipeline")
-PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "lop3", "fma2", "cvt_pack", "cvt_scalar", "global_sync",
-             "grid_dependency")
+PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "lop3", "lop3_xor", "fma2", "cvt_pack", "cvt_scalar",
+             "global_sync", "grid_dependency")
 
 
 class ComposeError(ValueError):
@@ -238,8 +238,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     apply = _scale_apply(group, s.zero_point, converter, offset, dtype, slice_scale)
     # A conversion that is an OR of a magic number merges into the extraction's LOP3 and is not rendered.
     or_bits = getattr(converter, "or_bits", None)
+    # A converter that masks the code bits itself takes the plane unmasked.
+    mask_codes = not getattr(converter, "takes_unmasked", False)
     numeric: list[Component] = ([PlaneExtract(bits=s.weight.bits, or_bits=or_bits)] if or_bits else
-                                [PlaneExtract(bits=s.weight.bits), converter]) + [apply]
+                                [PlaneExtract(bits=s.weight.bits, mask_codes=mask_codes), converter]) + [apply]
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:

@@ -17,7 +17,7 @@ import torch
 from codegen_cases import CUSTOM_FLOAT
 from helpers import FLOAT_FORMATS, INT_FORMATS
 from humming_gen.codegen.compose import ComposeError, compose
-from humming_gen.components.numeric.convert import (FloatPlaceConvert, Int8ViaFp32Convert, IntMagicConvert,
+from humming_gen.components.numeric.convert import (FloatPlaceConvert, IntMagicConvert, IntTopBitConvert,
                                                     SignMagnitudeConvert, check_exact, kernel_codes_offset,
                                                     select_converter)
 from humming_gen.components.numeric.halfbits import MANTISSA_BITS, TORCH_DTYPE
@@ -100,12 +100,12 @@ def test_converter_reproduces_decode_for_every_code(name: str, dt: str) -> None:
 
 @pytest.mark.parametrize("name, dt", _pairs(with_converter=True))
 def test_converter_choice(name: str, dt: str) -> None:
-    """ints go through the magic number (8-bit into bf16 through fp32), e0 floats through sign-magnitude,
+    """ints go through the magic number (8-bit into bf16 with the top bit apart), e0 floats through sign-magnitude,
     other floats by moving their fields."""
     fmt = FORMATS[name]
     conv = select_converter(fmt, dt)
     if fmt.is_int:
-        expected = Int8ViaFp32Convert if fmt.bits > MANTISSA_BITS[dt] else IntMagicConvert
+        expected = IntTopBitConvert if fmt.bits > MANTISSA_BITS[dt] else IntMagicConvert
     elif fmt.exponent_bits == 0:
         expected = SignMagnitudeConvert
     else:
@@ -119,7 +119,7 @@ def test_converter_choice(name: str, dt: str) -> None:
 def test_int_magic_number_bit_trick(bits: int, dt: str) -> None:
     """code | magic (the rendered kMagic lane) is the 16-bit float magic + code, for every code."""
     if bits > MANTISSA_BITS[dt]:
-        pytest.skip(f"{bits}-bit codes do not fit the {dt} mantissa (Int8ViaFp32Convert serves them)")
+        pytest.skip(f"{bits}-bit codes do not fit the {dt} mantissa (IntTopBitConvert serves them)")
     conv = IntMagicConvert(bits=bits, dtype=dt)
     magic = int(conv.extra_context()["magic_hex"], 16)
     assert magic >> 16 == magic & 0xFFFF, "kMagic must hold the same constant in both lanes"
@@ -130,10 +130,18 @@ def test_int_magic_number_bit_trick(bits: int, dt: str) -> None:
         assert value == code + conv.bias == conv.emulate(code)
 
 
-@pytest.mark.parametrize("dt", DTYPES)
-def test_int8_via_fp32_every_byte(dt: str) -> None:
-    conv = Int8ViaFp32Convert(dtype=dt)
-    assert [conv.emulate(c) for c in range(256)] == [float(c) for c in range(256)]
+def test_int_top_bit_every_byte() -> None:
+    """8-bit codes into bf16: every code comes out as code - 128, exactly (with garbage in the unread bits)."""
+    conv = IntTopBitConvert(dtype="bfloat16")
+    assert conv.bias == -128.0
+    assert [conv.emulate(c) for c in range(256)] == [float(c - 128) for c in range(256)]
+    assert [conv.emulate(c | 0x5A00) for c in range(256)] == [float(c - 128) for c in range(256)]
+
+
+def test_int_top_bit_needs_an_odd_exponent() -> None:
+    """fp16 would need 11-bit codes, and its -2^11 has an even exponent: flipping bit 10 does not give -2^10."""
+    with pytest.raises(ValueError, match="does not give"):
+        IntTopBitConvert(dtype="float16").extra_context()
 
 
 @pytest.mark.parametrize("name, dt", _pairs(with_converter=False))

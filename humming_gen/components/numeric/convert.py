@@ -44,26 +44,36 @@ class IntMagicConvert(Component):
 
 
 @attrs.frozen
-class Int8ViaFp32Convert(Component):
-    """8-bit codes into bf16: exact through fp32 magic numbers (a bf16 mantissa has only 7 bits)."""
+class IntTopBitConvert(Component):
+    """Codes one bit wider than the mantissa (8-bit codes into bf16), exact without leaving 16 bits: the low bits
+    go under the magic number 2^m (LOP3), the top bit picks -2^(m+1) or -2^m by flipping an exponent bit (LOP3),
+    and one packed fma adds the two. The sum is code - 2^m. Reads the plane unmasked: it masks what it needs."""
 
-    template: ClassVar[str] = "numeric/int8_via_fp32_convert.cuh.j2"
+    template: ClassVar[str] = "numeric/int_top_bit_convert.cuh.j2"
     family: ClassVar[str] = "numeric"
-    ptx: ClassVar[tuple[str, ...]] = ("prmt", "cvt_pack")
+    ptx: ClassVar[tuple[str, ...]] = ("lop3", "lop3_xor", "fma2")
+    takes_unmasked: ClassVar[bool] = True
     dtype: str
-    bias: ClassVar[float] = 0.0
+
+    @property
+    def bias(self) -> float:
+        return -float(1 << MANTISSA_BITS[self.dtype])
+
+    def extra_context(self) -> dict:
+        m = MANTISSA_BITS[self.dtype]
+        top_clear = bits16(-float(1 << (m + 1)), self.dtype)  # the top bit clear: -2^(m+1)
+        if top_clear ^ (1 << m) != bits16(-float(1 << m), self.dtype):
+            raise ValueError(f"{self.dtype}: flipping bit {m} of -2^{m + 1} does not give -2^{m}")
+        return {"low_mask": lanes_hex((1 << m) - 1), "magic_hex": pair_hex(float(1 << m), self.dtype),
+                "top_mask": lanes_hex(1 << m), "top_hex": f"0x{top_clear * 0x10001:08X}",
+                "one_hex": pair_hex(1.0, self.dtype), "magic_value": 1 << m, "code_bits": m + 1}
 
     def emulate(self, lane_code: int) -> float:
-        """Python model of convert_pair for a code in both lanes: prmt places each lane's byte under the fp32
-        magic 2^23 (selectors 0x7650 / 0x7652 of the template), 2^23 is subtracted in fp32, cvt.rn packs."""
-        word = (lane_code & 0xFFFF) * 0x10001
-        lanes = []
-        for selector in (0x7650, 0x7652):
-            placed = _prmt(word, 0x4B000000, selector)
-            value = float(torch.tensor(_f32_of_bits(placed), dtype=torch.float32) - 8388608.0)  # fp32 subtract
-            lanes.append(_lane_value(_round_bits(value, self.dtype), self.dtype))
-        assert lanes[0] == lanes[1], f"lanes disagree: {lanes}"
-        return lanes[0]
+        """Python model of convert_pair on the low 16-bit lane, from the rendered constants."""
+        ctx = self.extra_context()
+        low = (lane_code & _low(ctx["low_mask"])) | _low(ctx["magic_hex"])
+        top = (lane_code & _low(ctx["top_mask"])) ^ _low(ctx["top_hex"])
+        return _lane_value(_fma2_lane(low, _low(ctx["one_hex"]), top, self.dtype), self.dtype)
 
 
 @attrs.frozen
@@ -150,8 +160,8 @@ def select_converter(weight: DType, dtype: str) -> Component:
     if isinstance(weight, IntType):
         if weight.bits <= MANTISSA_BITS[dtype]:
             return IntMagicConvert(bits=weight.bits, dtype=dtype)
-        if weight.bits == 8 and dtype == "bfloat16":
-            return Int8ViaFp32Convert(dtype=dtype)
+        if weight.bits == MANTISSA_BITS[dtype] + 1:
+            return IntTopBitConvert(dtype=dtype)
     elif isinstance(weight, FloatType):
         if weight.is_sign_magnitude_int:
             if weight.bits - 1 <= MANTISSA_BITS[dtype]:
@@ -196,23 +206,6 @@ def _fma2_lane(a: int, b: int, c: int, dtype: str) -> int:
     """One lane of fma.rn.{bf16x2,f16x2}: a * b + c with a single rounding (exact in float64 for 16-bit inputs
     whose sum needs no more than float64's precision, which holds for every constant the converters use)."""
     return _round_bits(_lane_value(a, dtype) * _lane_value(b, dtype) + _lane_value(c, dtype), dtype)
-
-
-def _prmt(a: int, b: int, selector: int) -> int:
-    """prmt.b32 (default mode): result byte i = byte selector[i] of the 8-byte {b, a} (a is bytes 0-3)."""
-    pool = (a & 0xFFFFFFFF).to_bytes(4, "little") + (b & 0xFFFFFFFF).to_bytes(4, "little")
-    out = 0
-    for i in range(4):
-        nibble = (selector >> (4 * i)) & 0xF
-        assert not nibble & 8, "sign-replicating selectors are not modelled"
-        out |= pool[nibble] << (8 * i)
-    return out
-
-
-def _f32_of_bits(bits: int) -> float:
-    """The 32-bit pattern `bits` read as an fp32 value."""
-    signed = bits - (1 << 32) if bits & 0x80000000 else bits
-    return torch.tensor([signed], dtype=torch.int32).view(torch.float32).item()
 
 
 def check_exact(value: float, dtype: str) -> None:

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 from humming_gen.components.numeric.halfbits import lanes_hex
 from humming_gen.schemes.packing import bit_planes
 
@@ -20,10 +20,15 @@ class PlaneExtract(Component):
     family: ClassVar[str] = "numeric"
     bits: int
     or_bits: str | None = None  # hex literal OR-ed into both lanes
+    mask_codes: bool = option_field(True)  # False (one plane only): the converter masks the bits it reads
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("lop3",) if self.or_bits or len(bit_planes(self.bits)) > 1 else ()
+
+    def __attrs_post_init__(self) -> None:
+        if not self.mask_codes and (self.or_bits or len(bit_planes(self.bits)) > 1):
+            raise ValueError("unmasked extraction serves a single bit plane without or_bits")
 
     def extra_context(self) -> dict:
         planes, offset, shift = [], 0, self.bits

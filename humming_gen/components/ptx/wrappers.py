@@ -48,6 +48,12 @@ class Lop3(Component):
 
 
 @attrs.frozen
+class Lop3Xor(Component):
+    template: ClassVar[str] = "ptx/lop3_xor.cuh.j2"
+    family: ClassVar[str] = "ptx"
+
+
+@attrs.frozen
 class Fma2(Component):
     """Packed 16-bit fma; the only packed bf16 arithmetic that exists from SM80 on."""
 
@@ -101,7 +107,7 @@ class GlobalSync(Component):
 
 
 WRAPPERS: dict[str, type[Component]] = {
-    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "lop3": Lop3, "fma2": Fma2,
+    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "lop3": Lop3, "lop3_xor": Lop3Xor, "fma2": Fma2,
     "cvt_pack": CvtPack, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
 }
 TYPED = {"fma2", "cvt_pack"}
