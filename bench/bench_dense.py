@@ -110,8 +110,8 @@ def main() -> None:
                    "build_s": build_s}
             results["rows"].append(row)
             print(f"{name} m={m}: {row['graph_us']:.1f} us (limit {limit_us:.1f}), err {err:.1e}", flush=True)
-        if args.sweep and name == "w4a16-int4-g128":
-            sweep(results, qws, xs)
+        if args.sweep:
+            sweep(results, name, qws, xs)
         del layers, qws
         torch.cuda.empty_cache()
         if name in args.humming.split(","):
@@ -154,34 +154,24 @@ def _tile(bm: int, bk: int, wm: int, wk: int, split: int, stages: int = 4, ctas:
 
 # (M, candidate tunings); each candidate runs as a one-bucket layer, the first of each M is the current heuristic's.
 SWEEP = (
-    (1, [_tile(8, 256, 1, 4, 2), _tile(8, 256, 1, 4, 4, 4, 2), _tile(8, 256, 1, 4, 4, 3, 2)]),
-    (16, [_tile(16, 256, 1, 4, 2), _tile(16, 256, 1, 4, 4, 4, 2), _tile(16, 256, 1, 4, 4, 3, 2)]),
-    (64, [_tile(64, 128, 1, 2, 2), _tile(64, 128, 1, 2, 2, 4, 2), _tile(64, 128, 2, 2, 2), _tile(64, 256, 1, 4, 2), _tile(64, 256, 2, 4, 2, 3),
-          _tile(32, 256, 1, 4, 1)]),
-    (256, [_tile(64, 128, 1, 2, 1), _tile(64, 128, 1, 2, 1, 4, 2), _tile(64, 128, 2, 2, 1), _tile(128, 128, 2, 2, 1), _tile(64, 256, 1, 4, 1)]),
-    (1024, [_tile(128, 64, 2, 1, 1), _tile(128, 128, 2, 2, 1), _tile(256, 64, 4, 1, 1), _tile(128, 64, 2, 1, 1, 4, 2)]),
+    (1, [_tile(8, 256, 1, 4, 4, 3, 2), _tile(8, 256, 1, 4, 2), _tile(8, 256, 1, 4, 4, 4, 2)]),
+    (16, [_tile(16, 256, 1, 4, 2), _tile(16, 256, 1, 4, 4, 3, 2)]),
+    (64, [_tile(32, 256, 1, 4, 1), _tile(64, 128, 1, 2, 2), _tile(64, 128, 2, 2, 2)]),
+    (256, [_tile(64, 128, 1, 2, 1), _tile(128, 128, 2, 2, 1)]),
 )
-# The same with a 128-wide warp k slice (a different weight layout): 8 k16 steps per barrier instead of 4.
-SWEEP_WARP_K128 = (
-    (1, [_tile(8, 256, 1, 2, 4, 3, 2)]),
-    (16, [_tile(16, 256, 1, 2, 2)]),
-    (64, [_tile(32, 256, 1, 2, 1), _tile(32, 256, 2, 2, 1), _tile(64, 256, 2, 2, 1)]),
-    (256, [_tile(64, 256, 1, 2, 1), _tile(64, 256, 2, 2, 1)]),
-    (1024, [_tile(128, 128, 2, 1, 1)]),
-)
+# Other formats: the small-M choice between one and two CTAs per SM.
+SWEEP_OTHER = ((1, [_tile(8, 256, 1, 4, 2), _tile(8, 256, 1, 4, 4, 3, 2)]),
+               (16, [_tile(16, 256, 1, 4, 2), _tile(16, 256, 1, 4, 4, 3, 2)]))
 
 
-def sweep(results, qws, xs, rounds: int = 2) -> None:
+def sweep(results, name, qws, xs, rounds: int = 2) -> None:
     """Time one-bucket layers built from each candidate tuning. Candidates of one M are timed in turn, `rounds`
     times over, so that clock drift (e.g. after the large-M runs) shows as round-to-round spread, not as a
     difference between candidates."""
     from humming_gen.config import TuningConfig
     from humming_gen.heuristics import TuningPlan
 
-    merged = {m: list(c) for m, c in SWEEP}
-    for m, c in SWEEP_WARP_K128:
-        merged.setdefault(m, []).extend(c)
-    for m, candidates in merged.items():
+    for m, candidates in SWEEP if name == "w4a16-int4-g128" else SWEEP_OTHER:
         if m not in xs:
             continue
         built = []
@@ -197,10 +187,12 @@ def sweep(results, qws, xs, rounds: int = 2) -> None:
                 times[i].append(graph_time_us(layers, xs[m]))
         for i, (fields, _) in enumerate(built):
             t = min(times[i])
-            results.setdefault("sweep", []).append({"m": m, **fields, "graph_us": t, "rounds_us": times[i]})
+            results.setdefault("sweep", []).append({"format": name, "m": m, **fields, "graph_us": t,
+                                                    "rounds_us": times[i]})
             tiles = f"{fields['block_m']}x128x{fields['block_k']} w{fields['warps_m']}x2x{fields['warps_k']} " \
                     f"s{fields['stages']} k{fields['split_k']} c{fields['ctas_per_sm']}"
-            print(f"sweep m={m} {tiles}: {t:.1f} us (rounds {', '.join(f'{v:.1f}' for v in times[i])})", flush=True)
+            rounds_text = ", ".join(f"{v:.1f}" for v in times[i])
+            print(f"sweep {name} m={m} {tiles}: {t:.1f} us (rounds {rounds_text})", flush=True)
         del built
         torch.cuda.empty_cache()
 
@@ -219,8 +211,8 @@ def print_table(results, ms) -> None:
         print(f"| {m} | " + " | ".join(cells) + " |")
     print("eager us/call at M=1: " + ", ".join(f"{r['impl']} {r['eager_us']:.1f}" for r in results["rows"]
                                                 if r["m"] == 1 and r.get("eager_us")))
-    print("max rel err: " + ", ".join(f"{impl} {max(r.get('rel_err', 0) or 0 for r in results['rows'] if r['impl'] == impl):.1e}"
-                                      for impl in impls if impl != "cublas-bf16"))
+    worst = {impl: max(r.get("rel_err") or 0 for r in results["rows"] if r["impl"] == impl) for impl in impls}
+    print("max rel err: " + ", ".join(f"{impl} {e:.1e}" for impl, e in worst.items() if impl != "cublas-bf16"))
 
 
 if __name__ == "__main__":

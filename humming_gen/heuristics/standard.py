@@ -13,6 +13,7 @@ import attrs
 
 from humming_gen.codegen.compose import arbitrary_group_size, arbitrary_rows_per_stage
 from humming_gen.config import LayerConfig, TuningConfig
+from humming_gen.schemes.packing import bit_planes
 from humming_gen.targets import Target
 
 # (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
@@ -75,6 +76,7 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     layout = {**LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in LAYOUT}}
     block_n, warps_n, warp_k = layout["block_n"], layout["warps_n"], layout["warp_k"]
     n_blocks = math.ceil(layer.n / block_n)
+    bits = layer.scheme.weight.bits
     buckets = []
     for m_max, block_m, warps_m, warps_k, max_stages, ctas in BUCKETS:
         # fewer k warps where two stages would not fit (many group rows per stage: small groups with zero points)
@@ -84,8 +86,11 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
         stage_bytes = _stage_bytes(layer, block_m, block_n, block_k)
-        if ctas > 1 and _budget(target, ctas) // stage_bytes < max_stages:
-            ctas, max_stages = 1, 4  # the SM cannot hold two full rings (sm_86's 100 KB): one CTA, 4 stages
+        if ctas > 1 and (_budget(target, ctas) // stage_bytes < max_stages or len(bit_planes(bits)) > 1):
+            # one CTA of 4 stages where the SM cannot hold two full rings (sm_86's 100 KB), or where codes span
+            # several bit planes: their extraction wants more than the 128 registers two CTAs leave a thread
+            # (H200 W3A16 M=1: 18.3 us with one CTA, 18.8-19.3 with two)
+            ctas, max_stages = 1, 4
         stages = max(2, min(max_stages, _budget(target, ctas) // stage_bytes))
         split = (_split_k(layer, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
                  else 1)
