@@ -15,6 +15,7 @@ from humming_gen.runtime.compile import resolve_compiler
 from humming_gen.targets import Target, get_target
 
 _STRUCT_CODE = {"const void*": "Q", "void*": "Q", "int": "i"}
+LAUNCH_CACHE_SIZE = 4  # launchers Kernel.launch keeps (oldest dropped first); QuantLinear binds its own
 
 
 def plan_key(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> str:
@@ -90,6 +91,8 @@ class Kernel:
         key = (id(weight), id(bias), x.device)
         launcher = self._launchers.get(key)
         if launcher is None or launcher.weight is not weight or launcher.bias is not bias:
+            if len(self._launchers) >= LAUNCH_CACHE_SIZE:  # a launcher holds its weight: keep only a few alive
+                del self._launchers[next(iter(self._launchers))]
             launcher = self._launchers[key] = self.bind(weight, bias, x.device)
         launcher(x, out)
         return out

@@ -187,3 +187,23 @@ def test_weight_only_fp8_checkpoint_scheme():
     ref = reference_gemm(x.double(), qw, quantize_input=False)
     err = ((layer(x).double() - ref).norm() / ref.norm()).item()
     assert err < TOLERANCE[torch.bfloat16]
+
+
+def test_kernel_launch_keeps_few_launchers_alive():
+    """Kernel.launch binds a launcher per weight and keeps only LAUNCH_CACHE_SIZE of them (each holds its
+    weight): a loop over many weights through one kernel neither leaks them nor mixes them up."""
+    from humming_gen.kernel import LAUNCH_CACHE_SIZE
+
+    torch.manual_seed(3)
+    scheme = hg.QuantScheme("int4", group_size=128)
+    qws = [scheme.quantize(torch.randn(256, 512, device="cuda") * 0.05) for _ in range(LAUNCH_CACHE_SIZE + 2)]
+    layers = [hg.QuantLinear.from_quantized(q) for q in qws]
+    kernel = layers[0].kernel_for(1)
+    x = torch.randn(1, 512, device="cuda").bfloat16()
+    for _ in range(2):
+        for layer, q in zip(layers, qws):
+            out = torch.full((1, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kernel.launch(x, layer.weight, out)
+            ref = reference_gemm(x.double(), q)
+            assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+            assert len(kernel._launchers) <= LAUNCH_CACHE_SIZE
