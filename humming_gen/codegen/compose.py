@@ -15,7 +15,7 @@ from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput, Wa
 from humming_gen.components.memory.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.numeric.convert import kernel_codes_offset, select_converter
-from humming_gen.components.numeric.extract import PlaneExtract
+from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.components.pipeline.standard import StandardPipeline, offset_constant
@@ -91,6 +91,7 @@ class KernelPlan:
 
 
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
+SHARED_SHIFT_MAX_M_TILES = 2  # 3-bit shared-shift extraction up to this many m8 tiles per warp
 K_ALIGN = 256  # K is padded to a multiple of this; every block_k divides it, so a layer's kernels share weights
 
 
@@ -240,8 +241,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     or_bits = getattr(converter, "or_bits", None)
     # A converter that masks the code bits itself takes the plane unmasked.
     mask_codes = not getattr(converter, "takes_unmasked", False)
-    numeric: list[Component] = ([PlaneExtract(bits=s.weight.bits, or_bits=or_bits)] if or_bits else
-                                [PlaneExtract(bits=s.weight.bits, mask_codes=mask_codes), converter]) + [apply]
+    # 3-bit codes: one shift serves three registers (packing.plane_positions) where few m tiles share each weight;
+    # with more, the dequantization is amortized and the shared shifts' live registers would spill.
+    if or_bits and s.weight.bits == 3 and warp_m // 8 <= SHARED_SHIFT_MAX_M_TILES:
+        extract: Component = ThreeBitSharedShiftExtract(or_bits=or_bits, dtype=dtype)
+    else:
+        extract = PlaneExtract(bits=s.weight.bits, or_bits=or_bits, mask_codes=mask_codes)
+    numeric: list[Component] = [extract] + ([] if or_bits else [converter]) + [apply]
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:

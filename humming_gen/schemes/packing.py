@@ -3,8 +3,9 @@
 
 Global order: [n block][k slice of warp_k][warp n][chunk][plane][load (plane width w of them)][lane][4 words].
 A chunk is 16 mma tiles (16 n x 16 k each) enumerated k-step-major (tile = kstep * n_tiles + nt). Within a
-plane of width w a 32-bit word holds 16/w register pairs: pair j sits at bits [j*w, j*w+w) (low lane) and
-[16+j*w, ...) (high lane), so `(word >> j*w) & mask` lands both elements in their 16-bit lanes. Register R of
+plane of width w a 32-bit word holds 16/w register pairs: pair j sits at bits [p, p+w) (low lane) and
+[16+p, ...) (high lane), p = j*w (see plane_positions for the one exception), so `(word >> p) & mask` lands both
+elements in their 16-bit lanes. Register R of
 a chunk (0..63) belongs to tile R // 4 and is mma A-fragment register R % 4: rows g / g+8 (g = lane/4), columns
 2t, 2t+1 (+8 for registers 2, 3) with t = lane % 4.
 Group parameters (scales, zero points) are stored [group][n] with rows permuted inside each 16-row tile as
@@ -24,6 +25,16 @@ def bit_planes(bits: int) -> tuple[int, ...]:
     if not 1 <= bits <= 8:
         raise ValueError(f"weight bits must be 1..8, got {bits}")
     return tuple(w for w in (8, 4, 2, 1) if bits & w)
+
+
+def plane_positions(bits: int, width: int) -> tuple[int, ...]:
+    """Low-lane bit position of pair j's field in a plane word of `width` bits: j * width, except in the 1-bit
+    plane of 3-bit codes, where pairs 0-7 of a word sit at even bits and 8-15 at odd bits. There each code's
+    low bit lies at the same position as its 2-bit field (pre-shifted by one): one shift of both plane words
+    then serves three registers (components.numeric.extract)."""
+    if bits == 3 and width == 1:
+        return tuple(2 * (j % 8) + j // 8 for j in range(16))
+    return tuple(j * width for j in range(16 // width))
 
 
 @attrs.frozen
@@ -113,8 +124,9 @@ def pack_codes(codes: torch.Tensor, layout: BLayout) -> torch.Tensor:
         plane = (frag >> shift) & ((1 << w) - 1)
         per_word = 16 // w  # register pairs per word
         p = plane.view(*plane.shape[:5], 4 * w, per_word, 32, 2)  # R = q * per_word + j
-        j = torch.arange(per_word, device=codes.device, dtype=torch.int32).view(per_word, 1)
-        word_bits = (p[..., 0] << (j * w)) | (p[..., 1] << (16 + j * w))  # [.., q, j, lane]
+        pos = torch.tensor(plane_positions(layout.bits, w), device=codes.device, dtype=torch.int32)
+        pos = pos.view(per_word, 1)
+        word_bits = (p[..., 0] << pos) | (p[..., 1] << (16 + pos))  # [.., q, j, lane]
         word = torch.zeros(word_bits.shape[:-2] + word_bits.shape[-1:], dtype=torch.int64, device=codes.device)
         for jj in range(per_word):
             word |= word_bits[..., jj, :].to(torch.int64) & 0xFFFFFFFF
@@ -139,9 +151,9 @@ def unpack_codes(packed: torch.Tensor, layout: BLayout, n_pad: int, k_pad: int) 
         per_word = 16 // w
         wd = words[:, :, :, :, :, load0:load0 + w].transpose(-1, -2)  # [.., load, i, lane]
         wd = wd.reshape(*wd.shape[:5], 4 * w, 1, 32)
-        j = torch.arange(per_word, device=packed.device).view(per_word, 1)
-        lo = (wd >> (j * w)) & ((1 << w) - 1)
-        hi = (wd >> (16 + j * w)) & ((1 << w) - 1)
+        pos = torch.tensor(plane_positions(layout.bits, w), device=packed.device).view(per_word, 1)
+        lo = (wd >> pos) & ((1 << w) - 1)
+        hi = (wd >> (16 + pos)) & ((1 << w) - 1)
         plane = torch.stack([lo, hi], dim=-1).reshape(*wd.shape[:5], 64, 32, 2)
         frag |= plane << shift
         load0 += w

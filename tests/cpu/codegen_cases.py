@@ -116,6 +116,8 @@ def codegen_cases() -> list[Case]:
         c("int1", "channel"),
         c("int2", "group", group_size=64, dtype="float16"),
         c("int3", "group", group_size=128, bias=True, m=256),
+        c("int3", "group", group_size=128, m=1),  # shared-shift extraction (ThreeBitSharedShiftExtract)
+        c("uint3", "group", group_size=64, zero_point="int", dtype="float16", m=16),
         c("int5", "group", group_size=32, tuning=T_WARPS_M2),
         c("int6", "group", group_size=128, dtype="float16", n=640, k=7168),
         c("int7", "channel", m=32),

@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from humming_gen.components.numeric.extract import PlaneExtract
+from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
 from humming_gen.schemes.packing import BLayout, bit_planes, pack_codes, permute_group_rows, unpack_codes
 
 # (block_n, warps_n, warp_k): the heuristic layout, a 1-warp block, warp_k 128, a 256-wide block, and a warp
@@ -56,7 +56,9 @@ def _word_and_bit(layout: BLayout, n: int, k: int, plane_index: int) -> tuple[in
     load, i = divmod(q, 4)
     loads_per_chunk = layout.bits
     word = (((wn * layout.chunks_per_warp + chunk) * loads_per_chunk + load0 + load) * 32 + lane) * 4 + i
-    return nb, ks, word, j * w + 16 * half
+    # the 1-bit plane of 3-bit codes interleaves: pairs 0-7 at even bits, 8-15 at odd bits (one shift, 3 registers)
+    position = 2 * (j % 8) + j // 8 if (layout.bits, w) == (3, 1) else j * w
+    return nb, ks, word, position + 16 * half
 
 
 @pytest.mark.parametrize("spec", LAYOUTS, ids=_layout_id)
@@ -145,6 +147,32 @@ def test_plane_extract_emulation_reads_every_register(bits: int, spec) -> None:
             col = (tile // n_tiles) * 16 + 2 * t + 8 * (r // 2)
             want = (int(codes[row, col]), int(codes[row, col + 1]))
             assert PlaneExtract.emulate(lane_words, reg, bits) == want, (wn, chunk, lane, reg)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_three_bit_shared_shift_reads_every_register(dtype: str) -> None:
+    """ThreeBitSharedShiftExtract.emulate (shared shifts, codes landing at bits 0 / 2 / 4, the fma back) gives
+    the codes of each of the 64 registers of every lane, with the rendered constants."""
+    from humming_gen.components.numeric.convert import IntMagicConvert
+
+    layout = BLayout(128, 2, 64, bits=3)
+    codes = _random_codes(128, 64, 3, seed=7)
+    packed = pack_codes(codes, layout).to(torch.int64) & 0xFFFFFFFF
+    words = packed[0, 0].view(layout.warps_n, layout.chunks_per_warp, 3, 32, 4)
+    extract = ThreeBitSharedShiftExtract(or_bits=IntMagicConvert(bits=3, dtype=dtype).or_bits, dtype=dtype)
+    n_tiles = layout.warp_n // 16
+    landed = set()
+    for wn, chunk, lane in itertools.product(range(layout.warps_n), range(layout.chunks_per_warp), range(32)):
+        lane_words = [int(v) for v in words[wn, chunk, :, lane, :].reshape(-1)]
+        g, t = lane // 4, lane % 4
+        for reg in range(64):
+            tile, r = chunk * 16 + reg // 4, reg % 4
+            row = wn * layout.warp_n + (tile % n_tiles) * 16 + g + 8 * (r % 2)
+            col = (tile // n_tiles) * 16 + 2 * t + 8 * (r // 2)
+            want = (int(codes[row, col]), int(codes[row, col + 1]))
+            assert extract.emulate(lane_words, reg) == want, (wn, chunk, lane, reg)
+            landed.add(extract.shift_and_landing(reg)[1])
+    assert landed == {0, 2, 4}
 
 
 @pytest.mark.parametrize("bits", range(1, 9))

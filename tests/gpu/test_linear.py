@@ -59,7 +59,8 @@ FP16 = [("fp16-int4-g128", dict(weight="int4", group_size=128)),
         ("fp16-int8-channel", dict(weight="int8")),
         ("fp16-float8e4m3-channel", dict(weight="float8e4m3", scale_dtype="float32")),
         ("fp16-float4e2m1-g32", dict(weight="float4e2m1", group_size=32, scale_dtype="float16")),
-        ("fp16-int3-g64", dict(weight="int3", group_size=64))]
+        ("fp16-int3-g64", dict(weight="int3", group_size=64)),
+        ("fp16-uint3-g64-zp", dict(weight="uint3", group_size=64, zero_point="int"))]
 SHAPES = [(4000, 3000), (640, 7168), (8192, 8192)]
 
 CASES = ([(cid, kw, torch.bfloat16, 1024, 2048, False) for cid, kw in FORMATS]

@@ -7,8 +7,8 @@ from typing import ClassVar
 import attrs
 
 from humming_gen.components.base import Component, option_field
-from humming_gen.components.numeric.halfbits import lanes_hex
-from humming_gen.schemes.packing import bit_planes
+from humming_gen.components.numeric.halfbits import bits16, lanes_hex, pair_hex
+from humming_gen.schemes.packing import bit_planes, plane_positions
 
 
 @attrs.frozen
@@ -34,10 +34,16 @@ class PlaneExtract(Component):
         planes, offset, shift = [], 0, self.bits
         for w in bit_planes(self.bits):
             shift -= w
+            per_word = 16 // w
+            interleaved = plane_positions(self.bits, w) != tuple(j * w for j in range(per_word))
+            position = (f"2 * (reg % 8) + reg % 16 / 8" if interleaved  # the one exception (plane_positions)
+                        else f"reg % {per_word} * {w}")
             # ((word >> s) & m) << c == (word >> (s - c)) & (m << c): the plane's place in the code costs no shift
-            planes.append({"width": w, "word_offset": offset, "per_word": 16 // w,
+            planes.append({"width": w, "word_offset": offset, "per_word": per_word, "position": position,
                            "mask": lanes_hex(((1 << w) - 1) << shift), "code_shift": shift})
             offset += 4 * w
+        if [p["position"] for p in planes if p["position"].startswith("2 *")] and self.bits != 3:
+            raise AssertionError("plane_positions' interleaving is modelled for 3-bit codes only")
         return {"planes": planes, "chunk_words": 4 * self.bits}
 
     @staticmethod
@@ -47,8 +53,61 @@ class PlaneExtract(Component):
         for w in bit_planes(bits):
             shift -= w
             word = words[offset + reg // (16 // w)]
-            net = reg % (16 // w) * w - shift  # one shift instruction per plane, as in the template
+            net = plane_positions(bits, w)[reg % (16 // w)] - shift  # one shift instruction per plane
             placed = (word >> net) if net >= 0 else (word << -net) & 0xFFFFFFFF
             code |= placed & ((((1 << w) - 1) << shift) * 0x10001)
             offset += 4 * w
         return code & 0xFFFF, code >> 16
+
+
+@attrs.frozen
+class ThreeBitSharedShiftExtract(Component):
+    """3-bit codes whose conversion is an OR of a magic number: one shift of each plane word serves three
+    registers, whose codes land at bits 0, 2 and 4; a packed fma by 2^-j returns those at bit j > 0
+    to magic + code. Per register pair: 2 LOP3, 2/3 of a shift pair, 5/8 of an fma (plane extraction: 2 + 2)."""
+
+    template: ClassVar[str] = "numeric/extract_3bit_shared_shift.cuh.j2"
+    family: ClassVar[str] = "numeric"
+    ptx: ClassVar[tuple[str, ...]] = ("lop3", "fma2")
+    or_bits: str  # the magic number, as the IntMagic converter renders it
+    dtype: str
+    AT: ClassVar[tuple[int, ...]] = (2, 4)  # landing bits that need the fma (bit 0 needs none)
+
+    def extra_context(self) -> dict:
+        magic = bits16_value(self.or_bits, self.dtype)
+        norm = {at: (pair_hex(2.0 ** -at, self.dtype), pair_hex(magic * (1 - 2.0 ** -at), self.dtype))
+                for at in self.AT}
+        return {"magic": int(magic), "norm": norm}
+
+    @classmethod
+    def shift_and_landing(cls, reg: int) -> tuple[int, int]:
+        """(right shift shared by fields 0-2, 3-5, 6-7 of a word; bit where the register's code lands)."""
+        field = reg % 8
+        shift = field // 3 * 6
+        return shift, 2 * field - shift
+
+    def emulate(self, words: list[int], reg: int) -> tuple[int, int]:
+        """Python model of extract_code_pair: the (low lane, high lane) codes it hands on (value - magic)."""
+        from humming_gen.components.numeric.convert import _fma2_lane, _lane_value
+
+        shift, at = self.shift_and_landing(reg)
+        word = words[reg // 8]
+        high = (word << 1) & 0xFFFFFFFF if shift == 0 else word >> (shift - 1)
+        low = words[8 + reg // 16] >> (shift + reg // 8 % 2)
+        magic = int(self.or_bits, 16)
+        pair = (high & ((0x00060006 << at) & 0xFFFFFFFF)) | magic
+        pair |= low & ((0x00010001 << at) & 0xFFFFFFFF)
+        codes = []
+        for lane in (pair & 0xFFFF, pair >> 16):
+            if at:
+                scale, add = (int(h, 16) & 0xFFFF for h in self.extra_context()["norm"][at])
+                lane = _fma2_lane(lane, scale, add, self.dtype)
+            codes.append(_lane_value(lane, self.dtype) - _lane_value(magic & 0xFFFF, self.dtype))
+        return int(codes[0]), int(codes[1])
+
+
+def bits16_value(pair_literal: str, dtype: str) -> float:
+    """The value of the low lane of a rendered pair constant such as "0x43004300"."""
+    from humming_gen.components.numeric.convert import _lane_value
+
+    return _lane_value(int(pair_literal, 16) & 0xFFFF, dtype)
