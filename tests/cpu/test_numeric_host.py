@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from humming_gen.codegen.render import environment
-from humming_gen.components.numeric.convert import IntMagicConvert, IntTopBitConvert, _lane_value
+from humming_gen.components.numeric.convert import IntMagicConvert, IntTopBitConvert
+from humming_gen.components.numeric.halfbits import lane_value
 from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
 from humming_gen.schemes.packing import bit_planes
 
@@ -117,11 +118,11 @@ def test_rendered_template_matches_its_model(case, host_results) -> None:
             magic = int(comp.or_bits, 16) & 0xFFFF
             assert lanes == tuple(c | magic for c in PlaneExtract.emulate(chunk, reg, bits)), reg
         elif kind == "shared3":
-            magic = _lane_value(int(comp.or_bits, 16) & 0xFFFF, dtype)
-            assert tuple(int(_lane_value(v, dtype) - magic) for v in lanes) == comp.emulate(chunk, reg), reg
+            magic = lane_value(int(comp.or_bits, 16) & 0xFFFF, dtype)
+            assert tuple(int(lane_value(v, dtype) - magic) for v in lanes) == comp.emulate(chunk, reg), reg
         else:
             codes = PlaneExtract.emulate(chunk, reg, bits)
-            assert tuple(_lane_value(v, dtype) for v in lanes) == tuple(conv.emulate(c) for c in codes), reg
+            assert tuple(lane_value(v, dtype) for v in lanes) == tuple(conv.emulate(c) for c in codes), reg
 
 
 def test_cases_cover_every_plane_split() -> None:

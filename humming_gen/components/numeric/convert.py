@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
-import torch
 
 from humming_gen.components.base import Component
-from humming_gen.components.numeric.halfbits import (BIAS, EXPONENT_BITS, MANTISSA_BITS, TORCH_DTYPE, bits16, lanes_hex,
-                                                     pair_hex)
+from humming_gen.components.numeric.halfbits import (BIAS, EXPONENT_BITS, MANTISSA_BITS, bits16, fma2_lane,
+                                                     lane_value, lanes_hex, pair_hex, round_bits)
 from humming_gen.formats import DType, FloatType, IntType
 
 
@@ -73,7 +72,7 @@ class IntTopBitConvert(Component):
         ctx = self.extra_context()
         low = (lane_code & _low(ctx["low_mask"])) | _low(ctx["magic_hex"])
         top = (lane_code & _low(ctx["top_mask"])) ^ _low(ctx["top_hex"])
-        return _lane_value(_fma2_lane(low, _low(ctx["one_hex"]), top, self.dtype), self.dtype)
+        return lane_value(fma2_lane(low, _low(ctx["one_hex"]), top, self.dtype), self.dtype)
 
 
 @attrs.frozen
@@ -121,8 +120,8 @@ class FloatPlaceConvert(Component):
             x |= (lane_code & _low(ctx["sign_mask"])) << ctx["sign_shift"]
         assert x <= 0xFFFF, f"code {lane_code:#x} spills into the neighbouring lane ({x:#x})"
         if ctx["exp_scale_hex"] is not None:
-            x = _fma2_lane(x, _low(ctx["exp_scale_hex"]), _low(ctx["neg_zero_hex"]), self.dtype)
-        return _lane_value(x, self.dtype)
+            x = fma2_lane(x, _low(ctx["exp_scale_hex"]), _low(ctx["neg_zero_hex"]), self.dtype)
+        return lane_value(x, self.dtype)
 
 
 @attrs.frozen
@@ -149,10 +148,10 @@ class SignMagnitudeConvert(Component):
         fma, then the sign bit XOR-ed into bit 15 (so a negative zero code gives -0)."""
         ctx = self.extra_context()
         placed = (lane_code & _low(ctx["magnitude_mask"])) | _low(ctx["magic_hex"])
-        magnitude = _fma2_lane(placed, _low(ctx["one_hex"]), _low(ctx["neg_magic_hex"]), self.dtype)
+        magnitude = fma2_lane(placed, _low(ctx["one_hex"]), _low(ctx["neg_magic_hex"]), self.dtype)
         x = magnitude ^ ((lane_code & _low(ctx["sign_mask"])) << ctx["sign_shift"])
         assert x <= 0xFFFF, f"code {lane_code:#x} spills into the neighbouring lane ({x:#x})"
-        return _lane_value(x, self.dtype)
+        return lane_value(x, self.dtype)
 
 
 def select_converter(weight: DType, dtype: str) -> Component:
@@ -184,28 +183,10 @@ def kernel_codes_offset(weight: DType) -> int:
     return 1 << (weight.bits - 1) if isinstance(weight, IntType) and weight.signed else 0
 
 
-
 # --- helpers of the `emulate` models (Python stand-ins for the 16-bit lane arithmetic) ----------------------
 def _low(hex_literal: str) -> int:
     """Low 16-bit lane of a rendered pair constant such as "0x43004300"."""
     return int(hex_literal, 16) & 0xFFFF
-
-
-def _lane_value(bits: int, dtype: str) -> float:
-    """The 16-bit pattern `bits` read as a `dtype` value."""
-    signed = bits - 0x10000 if bits & 0x8000 else bits
-    return torch.tensor([signed], dtype=torch.int16).view(TORCH_DTYPE[dtype]).item()
-
-
-def _round_bits(value: float, dtype: str) -> int:
-    """16-bit pattern of `value` rounded to nearest even in `dtype` (the .rn of fma and cvt)."""
-    return torch.tensor([value], dtype=torch.float64).to(TORCH_DTYPE[dtype]).view(torch.int16).item() & 0xFFFF
-
-
-def _fma2_lane(a: int, b: int, c: int, dtype: str) -> int:
-    """One lane of fma.rn.{bf16x2,f16x2}: a * b + c with a single rounding (exact in float64 for 16-bit inputs
-    whose sum needs no more than float64's precision, which holds for every constant the converters use)."""
-    return _round_bits(_lane_value(a, dtype) * _lane_value(b, dtype) + _lane_value(c, dtype), dtype)
 
 
 def check_exact(value: float, dtype: str) -> None:

@@ -7,7 +7,7 @@ from typing import ClassVar
 import attrs
 
 from humming_gen.components.base import Component, option_field
-from humming_gen.components.numeric.halfbits import bits16, lanes_hex, pair_hex
+from humming_gen.components.numeric.halfbits import fma2_lane, lane_value, lanes_hex, pair_hex
 from humming_gen.schemes.packing import bit_planes, plane_positions
 
 
@@ -74,7 +74,7 @@ class ThreeBitSharedShiftExtract(Component):
     AT: ClassVar[tuple[int, ...]] = (2, 4)  # landing bits that need the fma (bit 0 needs none)
 
     def extra_context(self) -> dict:
-        magic = bits16_value(self.or_bits, self.dtype)
+        magic = lane_value(int(self.or_bits, 16) & 0xFFFF, self.dtype)
         norm = {at: (pair_hex(2.0 ** -at, self.dtype), pair_hex(magic * (1 - 2.0 ** -at), self.dtype))
                 for at in self.AT}
         return {"magic": int(magic), "norm": norm}
@@ -88,8 +88,6 @@ class ThreeBitSharedShiftExtract(Component):
 
     def emulate(self, words: list[int], reg: int) -> tuple[int, int]:
         """Python model of extract_code_pair: the (low lane, high lane) codes it hands on (value - magic)."""
-        from humming_gen.components.numeric.convert import _fma2_lane, _lane_value
-
         shift, at = self.shift_and_landing(reg)
         word = words[reg // 8]
         high = (word << 1) & 0xFFFFFFFF if shift == 0 else word >> (shift - 1)
@@ -101,13 +99,7 @@ class ThreeBitSharedShiftExtract(Component):
         for lane in (pair & 0xFFFF, pair >> 16):
             if at:
                 scale, add = (int(h, 16) & 0xFFFF for h in self.extra_context()["norm"][at])
-                lane = _fma2_lane(lane, scale, add, self.dtype)
-            codes.append(_lane_value(lane, self.dtype) - _lane_value(magic & 0xFFFF, self.dtype))
+                lane = fma2_lane(lane, scale, add, self.dtype)
+            codes.append(lane_value(lane, self.dtype) - lane_value(magic & 0xFFFF, self.dtype))
         return int(codes[0]), int(codes[1])
 
-
-def bits16_value(pair_literal: str, dtype: str) -> float:
-    """The value of the low lane of a rendered pair constant such as "0x43004300"."""
-    from humming_gen.components.numeric.convert import _lane_value
-
-    return _lane_value(int(pair_literal, 16) & 0xFFFF, dtype)
