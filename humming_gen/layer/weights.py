@@ -38,7 +38,7 @@ def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_siz
     own group (any size, also one that is not a multiple of 16) or a divisor of it, whose rows repeat its values.
     Rows past the scheme's last group (K padded to k_pad) repeat the last one."""
     s = qw.scheme
-    n, k = qw.n, qw.k
+    n = qw.n
     if s.granularity == "block":
         bn, bk = s.block_size
         values = values.repeat_interleave(bn, dim=0)[:n]

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import torch
 
 from humming_gen.formats import DType, dtype
+
+if TYPE_CHECKING:  # quantize.py imports this module
+    from humming_gen.schemes.quantize import QuantizedActivation
 
 Granularity = Literal["channel", "group", "block", "tensor"]
 _GRANULARITIES = ("channel", "group", "block", "tensor")

@@ -227,7 +227,7 @@ def test_register_custom_float_and_int() -> None:
     fl = register_dtype("test_fp5", FloatType(exponent_bits=3, mantissa_bits=1))
     it = register_dtype("test_u5", IntType(bits=5, signed=False))
     assert dtype("test_fp5") == fl and fl.name == "test_fp5" and fl.bits == 5
-    assert dtype("test_u5").max_value == 31 and dtype("test_u5").name == "test_u5"
+    assert dtype("test_u5") == it and it.max_value == 31 and it.name == "test_u5"
     # Same semantics as the generic float5e3m1: bias 3, subnormals, every code finite.
     generic = dtype("float5e3m1")
     assert fl.max_finite == generic.max_finite == 24.0

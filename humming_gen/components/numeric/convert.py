@@ -12,7 +12,7 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.numeric.halfbits import (BIAS, EXPONENT_BITS, MANTISSA_BITS, bits16, fma2_lane,
-                                                     lane_value, lanes_hex, pair_hex, round_bits)
+                                                     lane_value, lanes_hex, pair_hex)
 from humming_gen.formats import DType, FloatType, IntType
 
 

@@ -36,7 +36,7 @@ class PlaneExtract(Component):
             shift -= w
             per_word = 16 // w
             interleaved = plane_positions(self.bits, w) != tuple(j * w for j in range(per_word))
-            position = (f"2 * (reg % 8) + reg % 16 / 8" if interleaved  # the one exception (plane_positions)
+            position = ("2 * (reg % 8) + reg % 16 / 8" if interleaved  # the one exception (plane_positions)
                         else f"reg % {per_word} * {w}")
             # ((word >> s) & m) << c == (word >> (s - c)) & (m << c): the plane's place in the code costs no shift
             planes.append({"width": w, "word_offset": offset, "per_word": per_word, "position": position,
