@@ -141,6 +141,51 @@ def _group_plan(layer: LayerConfig, tuning: TuningConfig, k_pad: int) -> GroupPl
     return GroupPlan(group_size=g, rows=math.ceil(k_pad / g), rows_per_stage=max(1, bk // g), tensors=tensors)
 
 
+SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
+
+
+@attrs.frozen
+class SmemPlan:
+    """Shared-memory layout of one stage (each part 128-byte aligned) and the kernel's total."""
+
+    a: int         # activation tile
+    b: int         # packed weight tile
+    group: int     # one group-parameter tensor's rows
+    tensors: int   # group-parameter tensors (scales, zero points)
+    rows: int      # group rows per stage
+    stages: int
+    reduce: int    # the k-warp reduction, which reuses the ring after the main loop
+
+    @property
+    def stage(self) -> int:
+        return self.a + self.b + self.group * self.tensors
+
+    @property
+    def total(self) -> int:
+        return max(self.stages * self.stage, self.reduce)
+
+    def group_note(self) -> str:
+        return f", {self.tensors} x {self.rows} group rows" if self.tensors else ""
+
+
+def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
+    """The shared memory a standard-pipeline kernel of these configs uses (compose and the heuristics agree)."""
+    t = tuning
+
+    def align(x: int) -> int:
+        return (x + 127) // 128 * 128
+
+    b_layout = BLayout(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k,
+                       bits=layer.scheme.weight.bits)
+    group = _group_plan(layer, t, math.ceil(layer.k / K_ALIGN) * K_ALIGN)
+    warp_m, warp_n = t.block_m // t.warps_m, t.block_n // t.warps_n
+    acc_floats = (warp_n // 16) * (warp_m // 8) * 4 * 32
+    return SmemPlan(a=align(t.block_m * t.block_k * 2), b=align(b_layout.stage_bytes(t.warps_k)),
+                    group=align(group.rows_per_stage * t.block_n * 2) if group else 0,
+                    tensors=len(group.tensors) if group else 0, rows=group.rows_per_stage if group else 0,
+                    stages=t.stages, reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+
+
 def _scale_apply(plan_group: GroupPlan | None, zero_point: str | None, converter, offset: int, dtype: str,
                  slice_scale: bool):
     bias = converter.bias
@@ -280,19 +325,20 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     components = tuple(ptx + body)
 
     # --- shared memory ---------------------------------------------------------------------------
-    def align(x: int) -> int:
-        return (x + 127) // 128 * 128
-
-    a_bytes = align(t.block_m * t.block_k * 2)
-    b_bytes = align(b_layout.stage_bytes(t.warps_k))
-    group_bytes = align(group.rows_per_stage * t.block_n * 2) if group else 0
-    stage_bytes = a_bytes + b_bytes + group_bytes * (len(group.tensors) if group else 0)
-    acc_floats = (t.block_n // t.warps_n // 16) * (warp_m // 8) * 4 * 32
-    reduce_bytes = (t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4
-    shared = max(t.stages * stage_bytes, reduce_bytes)
+    smem = shared_memory(layer, t)
+    a_bytes, b_bytes, group_bytes, stage_bytes = smem.a, smem.b, smem.group, smem.stage
+    shared = smem.total
     if shared > target.smem_per_block_optin:
         raise ComposeError(f"cannot generate this kernel:\n  - shared memory {shared} B (stages={t.stages} x "
-                           f"{stage_bytes} B) exceeds {target.name}'s {target.smem_per_block_optin} B per block")
+                           f"{stage_bytes} B{smem.group_note()}) exceeds {target.name}'s "
+                           f"{target.smem_per_block_optin} B per block")
+    if t.ctas_per_sm > 1 and t.ctas_per_sm * (shared + SMEM_PER_CTA_RESERVED) > target.smem_per_sm:
+        raise ComposeError(f"cannot generate this kernel:\n  - tuning.ctas_per_sm={t.ctas_per_sm}: "
+                           f"{t.ctas_per_sm} x ({shared} B + {SMEM_PER_CTA_RESERVED} B reserved) of shared memory "
+                           f"exceed {target.name}'s {target.smem_per_sm} B per SM")
+    if t.threads * t.ctas_per_sm > target.max_threads_per_sm:
+        raise ComposeError(f"cannot generate this kernel:\n  - tuning.ctas_per_sm={t.ctas_per_sm} x {t.threads} "
+                           f"threads exceed {target.name}'s {target.max_threads_per_sm} threads per SM")
 
     constants: list[tuple[str, int, str]] = [
         ("kN", layer.n, "output features"), ("kK", layer.k, "input features"),

@@ -11,7 +11,7 @@ import math
 
 import attrs
 
-from humming_gen.codegen.compose import arbitrary_group_size, arbitrary_rows_per_stage
+from humming_gen.codegen.compose import SMEM_PER_CTA_RESERVED, shared_memory
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.schemes.packing import bit_planes
 from humming_gen.targets import Target
@@ -26,7 +26,6 @@ from humming_gen.targets import Target
 BUCKETS = ((8, 8, 1, 4, 3, 2), (16, 16, 1, 4, 4, 1), (32, 32, 1, 4, 4, 1), (64, 32, 1, 4, 4, 1),
            (256, 64, 1, 2, 4, 1), (None, 128, 2, 1, 4, 1))
 LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
-SMEM_BUDGET_FRACTION = 0.9
 
 
 @attrs.frozen
@@ -45,19 +44,11 @@ class TuningPlan:
         return list(dict.fromkeys(t for _, t in self.buckets))
 
 
-def _stage_bytes(layer: LayerConfig, block_m: int, block_n: int, block_k: int) -> int:
-    bits = layer.scheme.weight.bits
-    arbitrary = arbitrary_group_size(layer.scheme)
-    # generous: scales and zero points for a couple of group rows; groups that are not a multiple of 16 need
-    # every row a k tile touches (block_k / group_size and more)
-    group_rows = 2 if arbitrary is None else arbitrary_rows_per_stage(arbitrary, block_k)
-    return block_m * block_k * 2 + block_n * block_k * bits // 8 + 2 * group_rows * block_n * 2
-
-
-def _budget(target: Target, ctas_per_sm: int) -> int:
-    """Shared memory one CTA may plan for when `ctas_per_sm` share an SM (1 KB per CTA is the driver's)."""
-    per_cta = min(target.smem_per_block_optin, target.smem_per_sm // ctas_per_sm - 1024)
-    return int(per_cta * SMEM_BUDGET_FRACTION)
+def _fits(layer: LayerConfig, target: Target, fields: dict, stages: int, ctas: int) -> bool:
+    """Whether `ctas` CTAs of this tuning with a `stages`-deep ring fit an SM (compose's own sizing)."""
+    smem = shared_memory(layer, TuningConfig(**{**fields, "stages": stages, "ctas_per_sm": ctas})).total
+    return (smem <= target.smem_per_block_optin
+            and ctas * (smem + SMEM_PER_CTA_RESERVED) <= target.smem_per_sm)
 
 
 def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int, ctas_per_sm: int) -> int:
@@ -79,23 +70,34 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     bits = layer.scheme.weight.bits
     buckets = []
     for m_max, block_m, warps_m, warps_k, max_stages, ctas in BUCKETS:
-        # fewer k warps where two stages would not fit (many group rows per stage: small groups with zero points)
-        while (warps_k > 1
-               and 2 * _stage_bytes(layer, block_m, block_n, warp_k * warps_k) > target.smem_per_block_optin):
-            warps_k //= 2
+        def tile() -> dict:
+            return dict(block_m=block_m, block_n=block_n, block_k=warp_k * warps_k, warps_m=warps_m,
+                        warps_n=warps_n, warps_k=warps_k)
+
+        # two stages must fit one CTA: fewer k warps, then fewer rows (many group rows per stage: small groups
+        # with zero points on 100 KB parts)
+        while not _fits(layer, target, tile(), 2, 1):
+            if warps_k > 1:
+                warps_k //= 2
+            elif block_m // warps_m > 8:
+                block_m //= 2
+            elif warps_m > 1:
+                warps_m, block_m = warps_m // 2, block_m // 2
+            else:
+                break  # compose names what does not fit
+        if ctas > 1 and (bits > 4 or len(bit_planes(bits)) > 1
+                         or not _fits(layer, target, tile(), max_stages, ctas)):
+            # one CTA of 4 stages where the SM cannot hold two full rings (sm_86's 100 KB), where codes span
+            # several bit planes (their extraction wants more than the 128 registers two CTAs leave a thread;
+            # H200 W3A16 M=1: 18.2-18.3 us with one CTA, 18.7-19.3 with two) or for 8-bit codes (W8A16 M=1:
+            # 21.7-21.9 with one, 22.8-22.9 with two)
+            ctas, max_stages = 1, 4
+        stages = max([s for s in range(2, max_stages + 1) if _fits(layer, target, tile(), s, ctas)], default=2)
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
-        stage_bytes = _stage_bytes(layer, block_m, block_n, block_k)
-        if ctas > 1 and (_budget(target, ctas) // stage_bytes < max_stages or len(bit_planes(bits)) > 1):
-            # one CTA of 4 stages where the SM cannot hold two full rings (sm_86's 100 KB), or where codes span
-            # several bit planes: their extraction wants more than the 128 registers two CTAs leave a thread
-            # (H200 W3A16 M=1: 18.3 us with one CTA, 18.8-19.3 with two)
-            ctas, max_stages = 1, 4
-        stages = max(2, min(max_stages, _budget(target, ctas) // stage_bytes))
         split = (_split_k(layer, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
                  else 1)
-        fields = dict(block_m=block_m, block_n=block_n, block_k=block_k, warps_m=warps_m, warps_n=warps_n,
-                      warps_k=warps_k, stages=stages, split_k=split, ctas_per_sm=ctas)
+        fields = dict(tile(), stages=stages, split_k=split, ctas_per_sm=ctas)
         fields.update(overrides)
         buckets.append((m_max, TuningConfig(**fields)))
     return TuningPlan(tuple(buckets))

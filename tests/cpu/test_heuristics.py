@@ -28,6 +28,11 @@ LAYERS = {
     "mxfp4-g32-fp16-2880x2880": LayerConfig(2880, 2880, "w4a16-mxfp4", dtype="float16"),
     "int3-g128-small-256x200": LayerConfig(256, 200, "w3a16-int3-g128"),
     "uint2-zp-g64-tiny-16x64": LayerConfig(16, 64, "w2a16-int2-g64-zp"),
+    # many group rows per stage: the shared-memory sizing must be compose's own (100 KB parts)
+    "int8-g32-8192x8192": LayerConfig(8192, 8192, QuantScheme("int8", group_size=32)),
+    "uint8-zp-g64-8192x8192": LayerConfig(8192, 8192, QuantScheme("uint8", group_size=64, zero_point="int")),
+    "uint4-zp-g16-8192x8192": LayerConfig(8192, 8192, QuantScheme("uint4", group_size=16, zero_point="int")),
+    "uint4-fzp-g1-4096x4096": LayerConfig(4096, 4096, QuantScheme("uint4", group_size=1, zero_point="float")),
     # groups that are not multiples of 16: a stage holds every row its k range touches (38 for g7, block_k 256)
     "uint4-zp-g7-4096x4096": LayerConfig(4096, 4096, QuantScheme("uint4", group_size=7, zero_point="float")),
     "fp8-block128x24-1001x1000": LayerConfig(1001, 1000, QuantScheme("float8e4m3", block_size=(128, 24),
@@ -99,3 +104,15 @@ def test_sm75_buckets_do_not_compose() -> None:
     for _, tuning in choose_tunings(layer, tgt).buckets:
         with pytest.raises(ComposeError, match="cp_async"):
             compose(layer, ComputeConfig(), tuning, tgt)
+
+
+def test_compose_refuses_ctas_per_sm_that_do_not_fit() -> None:
+    """A tuning asking for more CTAs per SM than the SM's shared memory holds is refused, with the figures."""
+    import attrs
+
+    layer, tgt = LAYERS["int4-g128-8192x8192"], get_target("sm_90a")
+    tuning = choose_tunings(layer, tgt).for_m(4096)
+    plan = compose(layer, ComputeConfig(), tuning, tgt)
+    too_many = tgt.smem_per_sm // (plan.shared_bytes + 1024) + 1
+    with pytest.raises(ComposeError, match=f"ctas_per_sm={too_many}.*per SM"):
+        compose(layer, ComputeConfig(), attrs.evolve(tuning, ctas_per_sm=too_many), tgt)
