@@ -87,12 +87,15 @@ class Kernel:
 
     def launch(self, x: torch.Tensor, weight, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """out[:m] = x @ W^T (+ bias). x (m, k) and out (m, n) must be row-major with unit column stride;
-        `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did."""
+        `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did.
+
+        The launcher (and its split-K scratch) of the last LAUNCH_CACHE_SIZE weights is kept; for CUDA graphs
+        over more weights, hold your own from `bind` (QuantLinear does), so no captured scratch is ever freed."""
         key = (id(weight), id(bias), x.device)
         launcher = self._launchers.get(key)
         if launcher is None or launcher.weight is not weight or launcher.bias is not bias:
-            if len(self._launchers) >= LAUNCH_CACHE_SIZE:  # a launcher holds its weight: keep only a few alive
-                del self._launchers[next(iter(self._launchers))]
+            if key not in self._launchers and len(self._launchers) >= LAUNCH_CACHE_SIZE:
+                del self._launchers[next(iter(self._launchers))]  # a launcher holds its weight: keep a few alive
             launcher = self._launchers[key] = self.bind(weight, bias, x.device)
         launcher(x, out)
         return out

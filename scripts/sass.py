@@ -1,7 +1,8 @@
-"""Disassemble one generated kernel (needs cuobjdump on PATH or in $CUOBJDUMP): the M bucket's kernel of a
-preset layer, compiled for a target, with an instruction histogram of its hottest loop.
+"""Disassemble one generated kernel: the M bucket's kernel of a preset layer, compiled for a target, with an
+instruction histogram of its hottest loop. Needs cuobjdump (on PATH or in $CUOBJDUMP) and the nvdisasm it calls;
+both come as PyPI wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
-    python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--full]
+    python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--loop | --full]
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def main() -> None:
     if args.full:
         print("\n".join(lines))
     # the hottest loop: the longest backward branch's body
-    addr = lambda ln: int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16)
+    def addr(line: str) -> int:
+        return int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
+
     best = (0, 0)
     for i, ln in enumerate(lines):
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)

@@ -27,7 +27,7 @@ from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
 SECTION_ORDER = ("ptx", "numeric", "memory", "mma", "schedule", "epilogue", "pipeline")
-PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "lop3", "lop3_xor", "fma2", "cvt_pack", "cvt_scalar",
+PTX_ORDER = ("smem_address", "cp_async", "ldmatrix", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar",
              "global_sync", "grid_dependency")
 
 
@@ -41,7 +41,7 @@ class GroupPlan:
 
     `arbitrary`: the group size is not a multiple of the mma k step (16), so groups do not line up with k tiles.
     Each stage then loads the group rows its k range touches, starting at row k0 // group_size, and every A
-    fragment register finds its own row from its k (`arbitrary_group_size`).
+    fragment register finds its own row from its k (templates/memory/group_params_cp_async.cuh.j2).
     """
 
     group_size: int          # elements of K per kernel group row
@@ -203,7 +203,8 @@ def _scale_apply(plan_group: GroupPlan | None, zero_point: str | None, converter
 def kernel_name(layer: LayerConfig, tuning: TuningConfig, target: Target) -> str:
     s = layer.scheme
     gran = {"group": f"g{s.group_size}", "channel": "ch", "tensor": "t",
-            "block": f"b{s.block_size[0] if s.block_size else 0}x{s.block_size[1] if s.block_size else 0}"}[s.granularity]
+            "block": f"b{s.block_size[0] if s.block_size else 0}x{s.block_size[1] if s.block_size else 0}"
+            }[s.granularity]
     zp = {"int": "zi", "float": "zf"}.get(s.zero_point or "", "")
     t = tuning
     out = "" if layer.out_dtype == layer.dtype else f"_o{layer.out_dtype}"
@@ -343,7 +344,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants: list[tuple[str, int, str]] = [
         ("kN", layer.n, "output features"), ("kK", layer.k, "input features"),
         ("kKA", math.ceil(layer.k / 8) * 8, "activation columns (rows are padded to 16 bytes)"),
-        ("kNPad", n_pad, "N padded to block_n"), ("kKPad", k_pad, "K padded to block_k"),
+        ("kNPad", n_pad, "N padded to block_n"), ("kKPad", k_pad, "K padded to K_ALIGN (256)"),
         ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),
         ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
         ("kWarpsMN", t.warps_m * t.warps_n, ""),
@@ -352,7 +353,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kChunksPerWarp", b_layout.chunks_per_warp, "16-tile weight chunks per warp and stage"),
         ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
         ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
-        ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16, "16-byte chunks per n block of the packed weight"),
+        ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16,
+         "16-byte chunks per n block of the packed weight"),
     ]
     if t.split_k > 1:
         constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))

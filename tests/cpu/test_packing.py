@@ -14,6 +14,7 @@ import itertools
 import pytest
 import torch
 
+from humming_gen.components.numeric.convert import IntMagicConvert
 from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
 from humming_gen.schemes.packing import BLayout, bit_planes, pack_codes, permute_group_rows, unpack_codes
 
@@ -153,8 +154,6 @@ def test_plane_extract_emulation_reads_every_register(bits: int, spec) -> None:
 def test_three_bit_shared_shift_reads_every_register(dtype: str) -> None:
     """ThreeBitSharedShiftExtract.emulate (shared shifts, codes landing at bits 0 / 2 / 4, the fma back) gives
     the codes of each of the 64 registers of every lane, with the rendered constants."""
-    from humming_gen.components.numeric.convert import IntMagicConvert
-
     layout = BLayout(128, 2, 64, bits=3)
     codes = _random_codes(128, 64, 3, seed=7)
     packed = pack_codes(codes, layout).to(torch.int64) & 0xFFFFFFFF

@@ -8,7 +8,7 @@
 //   ptx.SmemAddress()
 //   ptx.CpAsync()
 //   ptx.Ldmatrix(x4=False, x2=True)
-//   ptx.Lop3()
+//   ptx.AndOr()
 //   ptx.Fma2(dtype='bfloat16')
 //   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
 //   ptx.GlobalSync()
@@ -103,7 +103,7 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
-// ---- ptx.Lop3()
+// ---- ptx.AndOr()
 // ptx: (a & mask) | bits in one LOP3; written out because NVRTC 13.0 splits the C expression into two.
 __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
   u32 d;

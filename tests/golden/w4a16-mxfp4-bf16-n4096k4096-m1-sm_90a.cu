@@ -105,7 +105,7 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
 }
 
 // ---- ptx.Prmt()
-// ptx: byte permute, used to broadcast one 16-bit lane or to build fp32 magic numbers.
+// ptx: byte permute, used to broadcast one 16-bit lane into a pair or to merge two lanes.
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 selector) {
   u32 d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector));

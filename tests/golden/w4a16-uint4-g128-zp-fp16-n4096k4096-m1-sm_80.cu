@@ -9,7 +9,7 @@
 //   ptx.CpAsync()
 //   ptx.Ldmatrix(x4=False, x2=True)
 //   ptx.Prmt()
-//   ptx.Lop3()
+//   ptx.AndOr()
 //   ptx.Fma2(dtype='float16')
 //   ptx.CvtScalar(dtype='float16', out_dtype='float16', to_float=False)
 //   ptx.GlobalSync()
@@ -106,14 +106,14 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
 }
 
 // ---- ptx.Prmt()
-// ptx: byte permute, used to broadcast one 16-bit lane or to build fp32 magic numbers.
+// ptx: byte permute, used to broadcast one 16-bit lane into a pair or to merge two lanes.
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 selector) {
   u32 d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
   return d;
 }
 
-// ---- ptx.Lop3()
+// ---- ptx.AndOr()
 // ptx: (a & mask) | bits in one LOP3; written out because NVRTC 13.0 splits the C expression into two.
 __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
   u32 d;

@@ -18,9 +18,9 @@ from humming_gen.formats import DType, FloatType, IntType
 
 @attrs.frozen
 class IntMagicConvert(Component):
-    """code | magic: the 16-bit float 2^mantissa_bits + code, exact while code < 2^mantissa_bits."""
+    """code | magic: the 16-bit float 2^mantissa_bits + code, exact while code < 2^mantissa_bits. It renders
+    nothing itself: the OR rides in the extraction's LOP3 (`or_bits`, merged by compose)."""
 
-    template: ClassVar[str] = "numeric/int_magic_convert.cuh.j2"
     family: ClassVar[str] = "numeric"
     bits: int
     dtype: str
@@ -28,10 +28,6 @@ class IntMagicConvert(Component):
     @property
     def bias(self) -> float:
         return float(1 << MANTISSA_BITS[self.dtype])
-
-    def extra_context(self) -> dict:
-        return {"magic_value": int(self.bias), "magic_hex": pair_hex(self.bias, self.dtype),
-                "mantissa_bits": MANTISSA_BITS[self.dtype]}
 
     @property
     def or_bits(self) -> str:
@@ -50,7 +46,7 @@ class IntTopBitConvert(Component):
 
     template: ClassVar[str] = "numeric/int_top_bit_convert.cuh.j2"
     family: ClassVar[str] = "numeric"
-    ptx: ClassVar[tuple[str, ...]] = ("lop3", "lop3_xor", "fma2")
+    ptx: ClassVar[tuple[str, ...]] = ("and_or", "and_xor", "fma2")
     takes_unmasked: ClassVar[bool] = True
     dtype: str
 

@@ -24,7 +24,7 @@ class PlaneExtract(Component):
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("lop3",) if self.or_bits or len(bit_planes(self.bits)) > 1 else ()
+        return ("and_or",) if self.or_bits or len(bit_planes(self.bits)) > 1 else ()
 
     def __attrs_post_init__(self) -> None:
         if not self.mask_codes and (self.or_bits or len(bit_planes(self.bits)) > 1):
@@ -38,12 +38,14 @@ class PlaneExtract(Component):
             interleaved = plane_positions(self.bits, w) != tuple(j * w for j in range(per_word))
             position = ("2 * (reg % 8) + reg % 16 / 8" if interleaved  # the one exception (plane_positions)
                         else f"reg % {per_word} * {w}")
+            # the C expression (integer division) must give plane_positions' bit for every register
+            if [eval(position.replace("/", "//"), {"reg": reg}) for reg in range(per_word)] != list(
+                    plane_positions(self.bits, w)):
+                raise ValueError(f"the {w}-bit plane of {self.bits}-bit codes has no position expression")
             # ((word >> s) & m) << c == (word >> (s - c)) & (m << c): the plane's place in the code costs no shift
             planes.append({"width": w, "word_offset": offset, "per_word": per_word, "position": position,
                            "mask": lanes_hex(((1 << w) - 1) << shift), "code_shift": shift})
             offset += 4 * w
-        if [p["position"] for p in planes if p["position"].startswith("2 *")] and self.bits != 3:
-            raise AssertionError("plane_positions' interleaving is modelled for 3-bit codes only")
         return {"planes": planes, "chunk_words": 4 * self.bits}
 
     @staticmethod
@@ -64,11 +66,12 @@ class PlaneExtract(Component):
 class ThreeBitSharedShiftExtract(Component):
     """3-bit codes whose conversion is an OR of a magic number: one shift of each plane word serves three
     registers, whose codes land at bits 0, 2 and 4; a packed fma by 2^-j returns those at bit j > 0
-    to magic + code. Per register pair: 2 LOP3, 2/3 of a shift pair, 5/8 of an fma (plane extraction: 2 + 2)."""
+    to magic + code. Per register pair: 2 LOP3, about 0.7 shifts, 5/8 of an fma (plane extraction: 2 shifts and
+    2 LOP3)."""
 
     template: ClassVar[str] = "numeric/extract_3bit_shared_shift.cuh.j2"
     family: ClassVar[str] = "numeric"
-    ptx: ClassVar[tuple[str, ...]] = ("lop3", "fma2")
+    ptx: ClassVar[tuple[str, ...]] = ("and_or", "fma2")
     or_bits: str  # the magic number, as the IntMagic converter renders it
     dtype: str
     AT: ClassVar[tuple[int, ...]] = (2, 4)  # landing bits that need the fma (bit 0 needs none)
@@ -102,4 +105,3 @@ class ThreeBitSharedShiftExtract(Component):
                 lane = fma2_lane(lane, scale, add, self.dtype)
             codes.append(lane_value(lane, self.dtype) - lane_value(magic & 0xFFFF, self.dtype))
         return int(codes[0]), int(codes[1])
-

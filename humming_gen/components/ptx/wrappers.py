@@ -42,14 +42,18 @@ class Prmt(Component):
 
 
 @attrs.frozen
-class Lop3(Component):
-    template: ClassVar[str] = "ptx/lop3.cuh.j2"
+class AndOr(Component):
+    """(a & mask) | bits as one LOP3, written out (NVRTC 13.0 splits the C expression into two)."""
+
+    template: ClassVar[str] = "ptx/and_or.cuh.j2"
     family: ClassVar[str] = "ptx"
 
 
 @attrs.frozen
-class Lop3Xor(Component):
-    template: ClassVar[str] = "ptx/lop3_xor.cuh.j2"
+class AndXor(Component):
+    """(a & mask) ^ bits as one LOP3."""
+
+    template: ClassVar[str] = "ptx/and_xor.cuh.j2"
     family: ClassVar[str] = "ptx"
 
 
@@ -58,16 +62,6 @@ class Fma2(Component):
     """Packed 16-bit fma; the only packed bf16 arithmetic that exists from SM80 on."""
 
     template: ClassVar[str] = "ptx/fma2.cuh.j2"
-    family: ClassVar[str] = "ptx"
-    dtype: str
-
-    def extra_context(self) -> dict:
-        return {"ptx_type": PTX_PAIR_TYPE[self.dtype]}
-
-
-@attrs.frozen
-class CvtPack(Component):
-    template: ClassVar[str] = "ptx/cvt_pack.cuh.j2"
     family: ClassVar[str] = "ptx"
     dtype: str
 
@@ -107,10 +101,10 @@ class GlobalSync(Component):
 
 
 WRAPPERS: dict[str, type[Component]] = {
-    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "lop3": Lop3, "lop3_xor": Lop3Xor, "fma2": Fma2,
-    "cvt_pack": CvtPack, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
+    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "and_or": AndOr,
+    "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
 }
-TYPED = {"fma2", "cvt_pack"}
+TYPED = {"fma2"}
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:
