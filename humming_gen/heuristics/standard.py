@@ -13,7 +13,6 @@ import attrs
 
 from humming_gen.codegen.compose import SMEM_PER_CTA_RESERVED, shared_memory
 from humming_gen.config import LayerConfig, TuningConfig
-from humming_gen.schemes.packing import bit_planes
 from humming_gen.targets import Target
 
 # (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
@@ -85,8 +84,7 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
                 warps_m, block_m = warps_m // 2, block_m // 2
             else:
                 break  # compose names what does not fit
-        if ctas > 1 and (bits > 4 or len(bit_planes(bits)) > 1
-                         or not _fits(layer, target, tile(), max_stages, ctas)):
+        if ctas > 1 and (bits not in (1, 2, 4) or not _fits(layer, target, tile(), max_stages, ctas)):
             # one CTA of 4 stages where the SM cannot hold two full rings (sm_86's 100 KB), where codes span
             # several bit planes (their extraction wants more than the 128 registers two CTAs leave a thread;
             # H200 W3A16 M=1: 18.2-18.3 us with one CTA, 18.7-19.3 with two) or for 8-bit codes (W8A16 M=1:
