@@ -11,7 +11,7 @@ import math
 
 import attrs
 
-from humming_gen.codegen.compose import SMEM_PER_CTA_RESERVED, shared_memory
+from humming_gen.codegen.compose import SMEM_PER_CTA_RESERVED, arbitrary_group_size, shared_memory
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.targets import Target
 
@@ -84,11 +84,12 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
                 warps_m, block_m = warps_m // 2, block_m // 2
             else:
                 break  # compose names what does not fit
-        if ctas > 1 and (bits not in (1, 2, 4) or not _fits(layer, target, tile(), max_stages, ctas)):
+        if ctas > 1 and (bits not in (1, 2, 4) or arbitrary_group_size(layer.scheme) is not None
+                         or not _fits(layer, target, tile(), max_stages, ctas)):
             # one CTA of 4 stages where the SM cannot hold two full rings (sm_86's 100 KB), where codes span
             # several bit planes (their extraction wants more than the 128 registers two CTAs leave a thread;
-            # H200 W3A16 M=1: 18.2-18.3 us with one CTA, 18.7-19.3 with two) or for 8-bit codes (W8A16 M=1:
-            # 21.7-21.9 with one, 22.8-22.9 with two)
+            # H200 W3A16 M=1: 18.2-18.3 us with one CTA, 18.7-19.3 with two), for 8-bit codes (W8A16 M=1:
+            # 21.7-21.9 with one, 22.8-22.9 with two) and for group sizes off the k step (g7: 22.8 / 23.8)
             ctas, max_stages = 1, 4
         stages = max([s for s in range(2, max_stages + 1) if _fits(layer, target, tile(), s, ctas)], default=2)
         block_k = warp_k * warps_k
