@@ -9,12 +9,13 @@ from typing import Any
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
+from humming_gen.pipelines.base import (ACTIVATION, BIAS, CTYPES, LDA, LDC, OUTPUT, ROWS, SCRATCH, WEIGHT,
+                                        KernelArg)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
 from humming_gen.targets import Target, get_target
 
-_STRUCT_CODE = {"const void*": "Q", "void*": "Q", "int": "i"}
 LAUNCH_CACHE_SIZE = 4  # launchers Kernel.launch keeps (oldest dropped first); QuantLinear binds its own
 
 
@@ -47,8 +48,7 @@ class Kernel:
         self.name = plan.kernel_name
         self._loaded: dict[int, Any] = {}
         self._launchers: dict[tuple, Launcher] = {}
-        fields = plan.param_fields
-        fmt = "<" + "".join(_STRUCT_CODE[f[1]] for f in fields)
+        fmt = "<" + "".join(CTYPES[a.ctype] for a in plan.args)
         size = struct.calcsize(fmt)
         self._struct = struct.Struct(fmt + "x" * ((-size) % 8))
 
@@ -102,43 +102,61 @@ class Kernel:
 
 
 class Launcher:
-    """The launch path of one (kernel, weight) pair. Host overhead per call is part of performance: the
-    params list is prebuilt, a call fills in the activation and output pointers, m and the row strides."""
+    """The launch path of one (kernel, weight) pair. Host overhead per call is part of performance: every argument
+    the kernel's spec (KernelPlan.args) marks as bound is resolved once here; a call fills in the activation and
+    output pointers, m and the row strides."""
 
-    __slots__ = ("kernel", "weight", "bias", "device", "_values", "_a", "_c", "_struct", "_fn", "_grid_n", "_block_m",
-                 "_split_k", "_block", "_smem", "_pdl", "_scratch_rows", "_ws_index", "_cnt_index", "_scratch")
+    __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
+                 "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
         self.kernel, self.weight, self.bias, self.device = kernel, weight, bias, torch.device(device)
-        static = {"b": weight.b, "b_scale": weight.b_scale, "b_zero": weight.b_zero, "out_scale": weight.out_scale,
-                  "bias": bias}
-        names = [f[0] for f in plan.param_fields if f[1] != "int"]  # the ints (m, lda, ldc) follow per call
-        self._values = [static[n].data_ptr() if static.get(n) is not None else 0 for n in names]
-        for n in names:
-            if n in static and static[n] is None:
-                raise ValueError(f"kernel {kernel.name} reads `{n}`, which the prepared weight / bias lacks")
-        self._a, self._c = names.index("a"), names.index("c")
-        self._ws_index = names.index("workspace") if "workspace" in names else -1
-        self._cnt_index = names.index("counters") if "counters" in names else -1
+        self._values: list[int] = []
+        self._per_call: dict[str, int] = {}  # kind -> index in _values
+        self._scratch_slots: dict[str, int] = {}
+        for a in plan.args:
+            self._values.append(self._bound_value(a))
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC):
+                self._per_call[a.kind] = len(self._values) - 1
+            elif a.kind == SCRATCH:
+                self._scratch_slots[a.tensor] = len(self._values) - 1
+        missing = {ACTIVATION, OUTPUT, ROWS, LDA, LDC} - set(self._per_call)
+        if missing:
+            raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
         self._struct = kernel._struct
         self._fn = None
-        self._grid_n, self._block_m, self._split_k = plan.n_pad // plan.tuning.block_n, plan.tuning.block_m, \
-            plan.tuning.split_k
-        self._block, self._smem, self._pdl = (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
+        self._grid, self._block, self._smem, self._pdl = plan.grid, (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
+        self._cluster = plan.launch.cluster
         self._scratch_rows = 0
-        self._scratch = None
-        if self._ws_index >= 0:
+        self._scratch: dict[str, torch.Tensor] = {}
+        if self._scratch_slots:
             self._grow_scratch(max_m or plan.tuning.block_m)
 
+    def _bound_value(self, a: KernelArg) -> int:
+        if a.kind == WEIGHT:
+            t = getattr(self.weight, a.tensor, None)
+            if t is None:
+                raise ValueError(f"kernel {self.kernel.name} reads `{a.name}`, which the prepared weight lacks")
+            return t.data_ptr()
+        if a.kind == BIAS:
+            if self.bias is None:
+                raise ValueError(f"kernel {self.kernel.name} reads `{a.name}`, but no bias was given")
+            return self.bias.data_ptr()
+        return 0
+
     def _grow_scratch(self, m: int) -> None:
-        """Split-K workspace and arrival counters (zeroed once; the kernel leaves them zero) for m rows.
+        """Scratch buffers (split-K workspace, arrival counters zeroed once; the kernel leaves them zero) for m rows.
         NOTE: bound to a bucket's largest M at construction, so CUDA graphs never see it move."""
         plan = self.kernel.plan
-        ws = torch.empty(max(plan.workspace_floats(m), 1), dtype=torch.float32, device=self.device)
-        cnt = torch.zeros(max(plan.counter_count(m), 1), dtype=torch.int32, device=self.device)
-        self._scratch = (ws, cnt)
-        self._values[self._ws_index], self._values[self._cnt_index] = ws.data_ptr(), cnt.data_ptr()
+        sizes = plan.scratch(m)
+        for name, slot in self._scratch_slots.items():
+            spec = sizes[name]
+            dtype = torch.float32 if spec.dtype == "float32" else torch.int32
+            make = torch.zeros if spec.zeroed else torch.empty
+            t = make(max(spec.numel, 1), dtype=dtype, device=self.device)
+            self._scratch[name] = t
+            self._values[slot] = t.data_ptr()
         self._scratch_rows = -(-m // plan.tuning.block_m) * plan.tuning.block_m
 
     def __call__(self, a: torch.Tensor, out: torch.Tensor) -> None:
@@ -147,12 +165,12 @@ class Launcher:
         m = a.shape[0]
         if self._fn is None:
             self._fn = self.kernel._function(self.device.index or 0)
-        if self._ws_index >= 0 and m > self._scratch_rows:
+        if self._scratch_slots and m > self._scratch_rows:
             self._grow_scratch(m)
-        values = self._values
-        values[self._a], values[self._c] = a.data_ptr(), out.data_ptr()
-        params = self._struct.pack(*values, m, a.stride(0), out.stride(0))
-        launch(self._fn, (self._grid_n, -(-m // self._block_m), self._split_k), self._block, self._smem, params,
+        values, at = self._values, self._per_call
+        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
+        values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
+        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                pdl=self._pdl)
 
 

@@ -9,7 +9,7 @@ import re
 
 import jinja2
 
-from humming_gen.codegen.compose import SECTION_ORDER, KernelPlan
+from humming_gen.pipelines.base import SECTION_ORDER, KernelPlan
 
 VERSION = "0.1.0"
 

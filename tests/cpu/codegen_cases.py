@@ -15,7 +15,7 @@ import attrs
 from humming_gen.codegen.compose import KernelPlan, compose
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.formats import FloatType, register_dtype
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.schemes import QuantScheme
 from humming_gen.targets import Target, get_target
 

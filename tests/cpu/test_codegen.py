@@ -180,8 +180,11 @@ def test_no_trace_of_unselected_components(case_id: str) -> None:
     src = source_of(case_id)
     body = body_of(src)
     assert not PREPROCESSOR_BRANCH.search(src)
-    for word in ASYNC_PIPELINE_WORDS:
-        assert word not in body
+    plan = case.plan("sm_90a")
+    # each pipeline's source holds none of the other's machinery
+    other = ASYNC_PIPELINE_WORDS if plan.pipeline == "standard" else ("ldmatrix", "mma.sync", "tcgen05", "cp_async_wait")
+    for word in other:
+        assert word not in code_only(body), f"{word!r} in a {plan.pipeline} source"
     if s.weight.name not in ("float8e4m3", "float8e5m2") and s.scale_dtype.name not in ("float8e4m3", "float8e5m2"):
         for word in ("fp8", "e4m3", "e5m2"):
             assert word not in body, word
@@ -193,7 +196,6 @@ def test_no_trace_of_unselected_components(case_id: str) -> None:
         assert "b_scale" not in body  # applied in the epilogue as out_scale
     else:
         assert "b_scale" in code_only(body)
-    plan = case.plan("sm_90a")
     assert ("workspace" in code_only(body)) == (plan.tuning.split_k > 1)
     assert ("bias" in code_without_strings(body)) == case.layer.has_bias
 
@@ -308,14 +310,40 @@ def _compose_error(layer=_LAYER, compute=None, tuning=_TUNING, target="sm_90a") 
     return str(info.value)
 
 
-@pytest.mark.parametrize("pipeline, mma", [("warp_specialized", "wgmma"), ("umma", "tcgen05")])
-def test_error_unsupported_pipeline(pipeline: str, mma: str) -> None:
-    tuning = TuningConfig(pipeline=pipeline, mma=mma, block_m=64, block_n=128, block_k=64, warps_m=1, warps_n=1,
+def test_error_unsupported_pipeline() -> None:
+    tuning = TuningConfig(pipeline="umma", mma="tcgen05", block_m=64, block_n=128, block_k=64, warps_m=1, warps_n=1,
                           warps_k=1)
     msg = _compose_error(tuning=tuning)
-    assert f"tuning.pipeline={pipeline!r}" in msg and "standard" in msg
-    assert f"tuning.mma={mma!r}" in msg  # every reason, one per line
-    assert msg.count("\n  - ") == 2
+    assert "tuning.pipeline='umma'" in msg and "standard" in msg and "warp_specialized" in msg
+
+
+_WS_TUNING = TuningConfig(pipeline="warp_specialized", mma="wgmma", block_m=128, block_n=256, block_k=128, warps_m=1,
+                          warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", stages=4)
+
+
+@pytest.mark.parametrize("target, missing", [("sm_89", "wgmma"), ("sm_80", "wgmma"), ("sm_100a", "wgmma"),
+                                             ("sm_120a", "wgmma")])
+def test_error_warp_specialized_on_other_targets_names_the_feature(target: str, missing: str) -> None:
+    msg = _compose_error(tuning=_WS_TUNING, target=target)
+    assert f"lacks '{missing}'" in msg and target in msg
+
+
+def test_error_warp_specialized_tuning_reasons() -> None:
+    bad = TuningConfig(**{**_WS_TUNING.to_dict(), "block_m": 192, "block_n": 512, "block_k": 256, "stages": 1,
+                          "b_load": "cp_async"})
+    msg = _compose_error(tuning=bad)
+    for needle in ("tuning.block_n=512", "tuning.block_k=256", "tuning.stages=1", "b_load"):
+        assert needle in msg, needle
+    msg = _compose_error(tuning=TuningConfig(**{**_WS_TUNING.to_dict(), "block_m": 192}))
+    assert "tuning.block_m=192" in msg and "176" in msg
+    arbitrary = LayerConfig(4096, 4096, hg_scheme(weight="int4", group_size=100))
+    assert "standard pipeline" in _compose_error(layer=arbitrary, tuning=_WS_TUNING)
+
+
+def hg_scheme(**kwargs):
+    from humming_gen.schemes import QuantScheme
+
+    return QuantScheme(**kwargs)
 
 
 @pytest.mark.parametrize("gemm", ["indexed", "grouped_contiguous", "grouped_masked"])
@@ -361,7 +389,7 @@ def test_error_lists_every_reason_once() -> None:
                          tuning=tuning)
     lines = msg.splitlines()[1:]
     assert len(lines) == len(set(lines)) >= 4
-    for needle in ("tuning.pipeline", "compute.gemm", "activation", "tuning.split_k"):
+    for needle in ("tuning.mma", "compute.gemm", "activation", "tuning.split_k"):
         assert sum(needle in line for line in lines) == 1, needle
 
 

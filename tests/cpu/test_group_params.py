@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from codegen_cases import case_by_id
-from humming_gen.codegen.compose import K_ALIGN, arbitrary_rows_per_stage, compose, kernel_group_size
+from humming_gen.codegen.compose import compose
+from humming_gen.pipelines.common import K_ALIGN, arbitrary_rows_per_stage, kernel_group_size
 from humming_gen.components.numeric.convert import select_converter
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import generate
 from humming_gen.layer.weights import prepare_weight
 from humming_gen.schemes import QuantScheme
@@ -41,7 +42,7 @@ def test_group_plan_rows(group_size: int) -> None:
         arbitrary = group_size % 16 != 0
         assert g.arbitrary == arbitrary
         assert g.group_size == (group_size if arbitrary else kernel_group_size(group_size))
-        assert g.rows == math.ceil(plan.k_pad / g.group_size) == (plan.k_pad - 1) // g.group_size + 1
+        assert g.rows == math.ceil(plan.layout.k_pad / g.group_size) == (plan.layout.k_pad - 1) // g.group_size + 1
         if arbitrary:
             assert g.rows_per_stage == min(g.rows, arbitrary_rows_per_stage(group_size, tuning.block_k))
             assert g.rows_per_stage <= (tuning.block_k - 1) // group_size + 2
@@ -103,13 +104,13 @@ def emulate_weight(plan, qw) -> torch.Tensor:
     """(N, K) float64 weight as the kernel dequantizes it from the prepared tensors."""
     pw = prepare_weight(plan, qw, "cpu")
     converter = select_converter(qw.scheme.weight, plan.layer.dtype)  # its values, wherever its code renders
-    assert converter.bias == plan.converter_bias
+    assert converter.bias == plan.layout.converter_bias
     apply = next(c for c in plan.components if hasattr(c, "expression"))
-    codes = unpack_codes(pw.b, plan.b_layout, plan.n_pad, plan.k_pad)[: qw.n, : qw.k].long()
+    codes = unpack_codes(pw.b, plan.layout.b_layout, plan.layout.n_pad, plan.layout.k_pad)[: qw.n, : qw.k].long()
     table = torch.tensor([converter.emulate(c) for c in range(1 << qw.scheme.weight.bits)], dtype=torch.float64)
     x = table[codes]
-    rows = kernel_group_row(plan, torch.arange(plan.k_pad))[: qw.k]  # the kernel also reads rows for padded k
-    assert tuple(pw.b_scale.shape) == (plan.group.rows, plan.n_pad)
+    rows = kernel_group_row(plan, torch.arange(plan.layout.k_pad))[: qw.k]  # the kernel also reads rows for padded k
+    assert tuple(pw.b_scale.shape) == (plan.group.rows, plan.layout.n_pad)
     scale = _unpermute(pw.b_scale.double())[rows, : qw.n].t()
     zero = None if pw.b_zero is None else _unpermute(pw.b_zero.double())[rows, : qw.n].t()
     if isinstance(apply, (SubtractOffsetScale, SubtractOffset)):
@@ -148,7 +149,7 @@ def test_prepared_scales_dequantize_like_the_reference(case, m: int) -> None:
     layer = LayerConfig(n, k, scheme, dtype=dtype)
     target = get_target("sm_90a")
     plan = compose(layer, ComputeConfig(), choose_tunings(layer, target).for_m(m), target)
-    assert plan.k_pad == math.ceil(k / K_ALIGN) * K_ALIGN
+    assert plan.layout.k_pad == math.ceil(k / K_ALIGN) * K_ALIGN
     got, want = emulate_weight(plan, qw), qw.dequantize(torch.float64)
     if exact:
         assert torch.equal(got, want)

@@ -11,7 +11,7 @@ import pytest
 from codegen_cases import COMPOSE_TARGETS
 from humming_gen.codegen.compose import ComposeError, compose
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import layout_key
 from humming_gen.schemes import QuantScheme
 from humming_gen.targets import get_target
@@ -73,7 +73,7 @@ def test_every_bucket_composes_and_shares_the_weight_layout(name: str, target: s
         assert plan.threads <= 1024 and plan.threads % 32 == 0
         assert plan.threads * tuning.ctas_per_sm <= tgt.max_threads_per_sm
         assert tuning.ctas_per_sm * (plan.shared_bytes + 1024) <= tgt.smem_per_sm  # 1 KB per CTA: the driver's
-        assert not plan.b_layout.check()
+        assert not plan.layout.b_layout.check()
         keys.add(layout_key(plan))
     assert len(keys) == 1, f"buckets need {len(keys)} different weight layouts: {keys}"
 

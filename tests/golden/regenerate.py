@@ -23,6 +23,10 @@ HERE = Path(__file__).resolve().parent
 
 # file name -> `humming-gen emit` arguments (every kernel is tuned by the heuristic bucket of --m)
 GOLDEN: dict[str, list[str]] = {
+    # W4A16 int4 g128 prefill kernel of the H200: warp-specialized pipeline (bulk copies + cp.async producer,
+    # two consumer warpgroups, wgmma m64n128k16 with register A, persistent grid, PDL)
+    "w4a16-int4-g128-bf16-n4096k4096-m1024-sm_90a-ws.cu": [
+        "--n", "4096", "--k", "4096", "--scheme", "w4a16-int4-g128", "--target", "sm_90a", "--m", "1024"],
     # W4A16 int4 g128 decode kernel of the H200 (split-K, warps_k=4, scales on fp32 partial sums, PDL)
     "w4a16-int4-g128-bf16-n4096k4096-m1-sm_90a.cu": [
         "--n", "4096", "--k", "4096", "--scheme", "w4a16-int4-g128", "--target", "sm_90a", "--m", "1"],

@@ -16,8 +16,10 @@
 //   numeric.PlaneExtract(bits=4, or_bits='0x64006400')
 //   numeric.IntZeroPoint(dtype='float16')
 //   memory.ATileCpAsync(dtype='float16', block_k=256, warp_m_tiles=1)
+//   memory.BChunkShared(bits=4)
 //   memory.BTileCpAsync(bits=4, tile_bytes=16384)
-//   memory.GroupParamsCpAsync(dtype='float16', tensors=('b_scale', 'b_zero'), float_scales=True, pair_loads=True)
+//   memory.GroupParamsCpAsync(dtype='float16', tensors=('b_scale', 'b_zero'))
+//   memory.GroupParamsShared(dtype='float16', tensors=('b_scale', 'b_zero'), float_scales=True, pair_loads=True)
 //   mma.MmaSyncM16N8K16(dtype='float16')
 //   schedule.DenseSplitKSchedule(split_k=7)
 //   epilogue.WarpKReduce(warps_k=4)
@@ -214,25 +216,13 @@ __device__ __forceinline__ void load_a_fragments(u32 (&frag)[cfg::kWarpMTiles][2
   }
 }
 
-// ---- memory.BTileCpAsync(bits=4, tile_bytes=16384)
-// memory: packed weight tile (16384 bytes = kBlockN x kBlockK x 4 bits, pre-arranged by
-// humming_gen.schemes.packing) global -> shared as one linear cp.async copy, then one 16-byte shared load per
-// plane word group gives a thread the codes of a whole 16-tile chunk (conflict-free: lanes read consecutive 16 B).
+// ---- memory.BChunkShared(bits=4)
+// memory: packed weight chunk shared -> registers. The weight tile is pre-arranged by humming_gen.schemes.packing:
+// one 16-byte shared load per plane word group gives a thread the codes of a whole 16-tile chunk (conflict-free:
+// lanes read consecutive 16 B).
 struct alignas(16) u32x4 {
   u32 x, y, z, w;
 };
-constexpr int kBTileChunks = 16384 / 16;
-constexpr int kBWarpSliceWords = kBTileChunks * 4 / (cfg::kWarpsN * cfg::kWarpsK);
-
-__device__ __forceinline__ void load_b_stage(u32* b_smem_stage, const u32x4* b_tile) {
-#pragma unroll
-  for (int j = 0; j < (kBTileChunks + cfg::kThreads - 1) / cfg::kThreads; ++j) {
-    const int i = threadIdx.x + j * cfg::kThreads;
-    if (kBTileChunks % cfg::kThreads == 0 || i < kBTileChunks) {
-      cp_async_16(smem_address(b_smem_stage + i * 4), b_tile + i, 16);
-    }
-  }
-}
 
 __device__ __forceinline__ void load_b_chunk(u32 (&words)[kChunkWords], const u32* b_smem_warp, int chunk) {
   const int lane = threadIdx.x % 32;
@@ -246,10 +236,25 @@ __device__ __forceinline__ void load_b_chunk(u32 (&words)[kChunkWords], const u3
   }
 }
 
-// ---- memory.GroupParamsCpAsync(dtype='float16', tensors=('b_scale', 'b_zero'), float_scales=True, pair_loads=True)
+// ---- memory.BTileCpAsync(bits=4, tile_bytes=16384)
+// memory: packed weight tile (16384 bytes = kBlockN x kBlockK x 4 bits, pre-arranged by
+// humming_gen.schemes.packing) global -> shared as one linear cp.async copy.
+constexpr int kBTileChunks = 16384 / 16;
+constexpr int kBWarpSliceWords = kBTileChunks * 4 / (cfg::kWarpsN * cfg::kWarpsK);
+
+__device__ __forceinline__ void load_b_stage(u32* b_smem_stage, const u32x4* b_tile) {
+#pragma unroll
+  for (int j = 0; j < (kBTileChunks + cfg::kThreads - 1) / cfg::kThreads; ++j) {
+    const int i = threadIdx.x + j * cfg::kThreads;
+    if (kBTileChunks % cfg::kThreads == 0 || i < kBTileChunks) {
+      cp_async_16(smem_address(b_smem_stage + i * 4), b_tile + i, 16);
+    }
+  }
+}
+
+// ---- memory.GroupParamsCpAsync(dtype='float16', tensors=('b_scale', 'b_zero'))
 // memory: per-group b_scale and b_zero of a stage (kGroupRows rows of kBlockN float16, stored [group][n] with rows
-// permuted 0,8,1,9,.. in each 16-row tile) global -> shared with cp.async; a thread reads its (row g, row g+8)
-// pair with one 4-byte load and broadcasts each half into a float16 pair.
+// permuted 0,8,1,9,.. in each 16-row tile) global -> shared with cp.async.
 constexpr int kGroupRowChunks = cfg::kBlockN * 2 / 16;
 
 __device__ __forceinline__ void load_group_stage(u16* smem_stage, const u16* gmem, int n0, int row0) {
@@ -264,6 +269,10 @@ __device__ __forceinline__ void load_group_stage(u16* smem_stage, const u16* gme
   }
 }
 
+// ---- memory.GroupParamsShared(dtype='float16', tensors=('b_scale', 'b_zero'), float_scales=True, pair_loads=True)
+// memory: per-group b_scale and b_zero of a stage in shared memory (rows of kBlockN float16, permuted 0,8,1,9,.. in
+// each 16-row tile) -> registers: a thread reads its (row g, row g+8)
+// pair with one 4-byte load and broadcasts each half into a float16 pair.
 // (row g, row g+8) values of n tile `n16` in group row `row`, each broadcast to both lanes.
 __device__ __forceinline__ void load_group_pair(u32& lo, u32& hi, const u16* smem_stage, int row, int n16) {
   const u32 both = *reinterpret_cast<const u32*>(smem_stage + row * cfg::kBlockN + n16 * 16 + 2 * ((threadIdx.x % 32) / 4));

@@ -1,4 +1,4 @@
-"""Epilogue components: in-CTA and cross-CTA reductions, the output store."""
+"""Epilogue components every pipeline uses: the cross-CTA split-K reduction and the output store."""
 
 from __future__ import annotations
 
@@ -6,16 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
-
-
-@attrs.frozen
-class WarpKReduce(Component):
-    """Sum the warps that split a stage's k range."""
-
-    template: ClassVar[str] = "epilogue/warp_k_reduce.cuh.j2"
-    family: ClassVar[str] = "epilogue"
-    warps_k: int
+from humming_gen.components.base import Component, option_field
 
 
 @attrs.frozen
@@ -26,6 +17,10 @@ class SplitKReduce(Component):
     family: ClassVar[str] = "epilogue"
     ptx: ClassVar[tuple[str, ...]] = ("global_sync",)
     split_k: int
+    # Who takes part: every thread of the CTA (standard), or the consumer warps alone (warp-specialized), which
+    # synchronise on a named barrier and whose first thread counts the arrival.
+    sync: str = option_field("__syncthreads()")
+    leader: str = option_field("threadIdx.x == 0")
 
 
 _OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}

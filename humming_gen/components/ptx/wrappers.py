@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 
 PTX_PAIR_TYPE = {"bfloat16": "bf16x2", "float16": "f16x2"}
 PTX_SCALAR_TYPE = {"bfloat16": "bf16", "float16": "f16"}
@@ -21,9 +21,13 @@ class SmemAddress(Component):
 
 @attrs.frozen
 class CpAsync(Component):
+    """cp.async 16-byte copies; `groups`: with commit / wait groups (a warp-specialized producer completes its
+    copies on an mbarrier instead)."""
+
     template: ClassVar[str] = "ptx/cp_async.cuh.j2"
     family: ClassVar[str] = "ptx"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    groups: bool = option_field(True)
 
 
 @attrs.frozen
@@ -100,17 +104,80 @@ class GlobalSync(Component):
     family: ClassVar[str] = "ptx"
 
 
+@attrs.frozen
+class Mbarrier(Component):
+    """mbarrier init / arrive / expect_tx / parity wait, and cp.async completion as an arrival."""
+
+    template: ClassVar[str] = "ptx/mbarrier.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"tma"})
+
+
+@attrs.frozen
+class BulkCopy(Component):
+    """cp.async.bulk global -> shared, completing on an mbarrier."""
+
+    template: ClassVar[str] = "ptx/bulk_copy.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"tma"})
+
+
+@attrs.frozen
+class AsyncProxyFence(Component):
+    """fence.proxy.async: generic-proxy shared writes become visible to wgmma."""
+
+    template: ClassVar[str] = "ptx/async_proxy_fence.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
+
+
+@attrs.frozen
+class SetMaxNReg(Component):
+    """setmaxnreg: move registers from the producer warpgroup to the consumers."""
+
+    template: ClassVar[str] = "ptx/setmaxnreg.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"setmaxnreg"})
+
+
+@attrs.frozen
+class NamedBarrier(Component):
+    """bar.sync over the consumer threads only."""
+
+    template: ClassVar[str] = "ptx/named_barrier.cuh.j2"
+    family: ClassVar[str] = "ptx"
+
+
 WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "and_or": AndOr,
     "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
+    "cp_async_copy": CpAsync, "mbarrier": Mbarrier, "bulk_copy": BulkCopy, "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg,
+    "named_barrier": NamedBarrier,
 }
 TYPED = {"fma2"}
+# Section order of the wrappers in a source (a wrapper may call one listed before it).
+PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "ldmatrix", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar",
+             "global_sync", "grid_dependency", "mbarrier", "bulk_copy", "async_proxy_fence", "setmaxnreg",
+             "named_barrier")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:
     cls = WRAPPERS[name]
     if name == "ldmatrix":
         return cls(x4=m_tiles >= 2, x2=m_tiles % 2 == 1)
+    if name == "cp_async_copy":
+        return cls(groups=False)
     if name == "cvt_scalar":
         return cls(dtype=dtype, out_dtype=out_dtype, to_float=bias)
     return cls(dtype=dtype) if name in TYPED else cls()
+
+
+def wrappers_for(body: "list[Component]", dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> list[Component]:
+    """The wrappers the components of `body` call, in PTX_ORDER: a source holds no wrapper it does not use."""
+    used = {p for c in body for p in getattr(c, "ptx", ())}
+    if "cp_async" in used:
+        used.discard("cp_async_copy")  # the full wrapper holds the copy too
+    unknown = used - set(PTX_ORDER)
+    if unknown:
+        raise ValueError(f"components call unknown ptx wrappers {sorted(unknown)}; known: {PTX_ORDER}")
+    return [wrapper(p, dtype, out_dtype, bias, m_tiles) for p in PTX_ORDER if p in used]

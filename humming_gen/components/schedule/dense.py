@@ -1,4 +1,4 @@
-"""Dense tile schedules."""
+"""Dense tile schedules: one CTA per tile (standard) or a persistent grid (warp-specialized)."""
 
 from __future__ import annotations
 
@@ -22,5 +22,14 @@ class DenseSplitKSchedule(Component):
     """Output tiles x split_k slices of K, reduced in the epilogue."""
 
     template: ClassVar[str] = "schedule/dense_split_k.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    split_k: int
+
+
+@attrs.frozen
+class PersistentSchedule(Component):
+    """A persistent grid walking (tile, k slice) units, n tiles fastest."""
+
+    template: ClassVar[str] = "schedule/persistent.cuh.j2"
     family: ClassVar[str] = "schedule"
     split_k: int

@@ -13,7 +13,7 @@ from humming_gen.components.base import Component, option_field
 class ATileCpAsync(Component):
     """Activation tile, XOR-swizzled in shared memory, read back with ldmatrix."""
 
-    template: ClassVar[str] = "memory/a_tile_cp_async.cuh.j2"
+    template: ClassVar[str] = "pipelines/standard/a_tile_cp_async.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async", "ldmatrix")
@@ -27,9 +27,9 @@ class ATileCpAsync(Component):
 
 @attrs.frozen
 class BTileCpAsync(Component):
-    """Packed weight tile copied linearly; each 16-tile chunk read with `bits` 16-byte loads."""
+    """Packed weight tile copied linearly."""
 
-    template: ClassVar[str] = "memory/b_tile_cp_async.cuh.j2"
+    template: ClassVar[str] = "pipelines/standard/b_tile_cp_async.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
@@ -41,18 +41,12 @@ class BTileCpAsync(Component):
 class GroupParamsCpAsync(Component):
     """Per-group scales (and zero points) of a stage."""
 
-    template: ClassVar[str] = "memory/group_params_cp_async.cuh.j2"
+    template: ClassVar[str] = "pipelines/standard/group_params_cp_async.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
     dtype: str
     tensors: tuple[str, ...]
-    float_scales: bool  # read scales as fp32 (group scale applied to fp32 partial sums)
-    pair_loads: bool  # read (row g, row g + 8) pairs broadcast into 16-bit pairs (scales or zero points)
     # The group size is not a multiple of 16: a stage holds the rows its k range touches (clamped at the tensor's
-    # last row) and load_group_pair_at finds a register pair's row from its k.
+    # last row).
     arbitrary_groups: bool = option_field()
-    odd_group_size: bool = option_field()  # the (k, k + 1) elements of a register pair may lie in different groups
-
-    @property
-    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("smem_address", "cp_async") + (("prmt",) if self.pair_loads or self.odd_group_size else ())

@@ -11,7 +11,7 @@ from humming_gen.components.base import Component, option_field
 
 @attrs.frozen
 class StandardPipeline(Component):
-    template: ClassVar[str] = "pipeline/standard.cuh.j2"
+    template: ClassVar[str] = "pipelines/standard/skeleton.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
     kernel_name: str
@@ -34,6 +34,15 @@ class StandardPipeline(Component):
         # with arbitrary groups a step's two k halves have their own group parameters, [0] and [1]
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params},
                 "param_half": "[r / 2]" if self.arbitrary_groups else ""}
+
+
+@attrs.frozen
+class WarpKReduce(Component):
+    """Sum the warps that split a stage's k range."""
+
+    template: ClassVar[str] = "pipelines/standard/warp_k_reduce.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    warps_k: int
 
 
 def offset_constant(tensor: str) -> str:

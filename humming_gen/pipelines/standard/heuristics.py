@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-import attrs
-
-from humming_gen.codegen.compose import SMEM_PER_CTA_RESERVED, arbitrary_group_size, shared_memory
 from humming_gen.config import LayerConfig, TuningConfig
+from humming_gen.pipelines.base import TuningPlan
+from humming_gen.pipelines.common import arbitrary_group_size
+from humming_gen.pipelines.standard.compose import SMEM_PER_CTA_RESERVED, shared_memory
 from humming_gen.targets import Target
 
 # (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
@@ -25,22 +25,6 @@ from humming_gen.targets import Target
 BUCKETS = ((8, 8, 1, 4, 3, 2), (16, 16, 1, 4, 4, 1), (32, 32, 1, 4, 4, 1), (64, 32, 1, 4, 4, 1),
            (256, 64, 1, 2, 4, 1), (None, 128, 2, 1, 4, 1))
 LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
-
-
-@attrs.frozen
-class TuningPlan:
-    """Contiguous M buckets covering 1..inf, one TuningConfig each."""
-
-    buckets: tuple[tuple[int | None, TuningConfig], ...]
-
-    def for_m(self, m: int) -> TuningConfig:
-        for m_max, tuning in self.buckets:
-            if m_max is None or m <= m_max:
-                return tuning
-        raise AssertionError("the last bucket is open-ended")
-
-    def tunings(self) -> list[TuningConfig]:
-        return list(dict.fromkeys(t for _, t in self.buckets))
 
 
 def _fits(layer: LayerConfig, target: Target, fields: dict, stages: int, ctas: int) -> bool:

@@ -1,0 +1,48 @@
+"""Sweep of warp-specialized tunings (one-bucket layers), canonical graph timing; candidates alternate in rounds."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import humming_gen as hg
+from bench_dense import graph_time_us
+from humming_gen.config import TuningConfig
+from humming_gen.pipelines.base import TuningPlan
+
+
+def ws(bm, bk=128, split=1, stages=4, wg=2):
+    return TuningConfig(pipeline="warp_specialized", mma="wgmma", block_m=bm, block_n=256, block_k=bk, warps_m=1,
+                        warps_n=4 * wg, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma",
+                        split_k=split, stages=stages)
+
+
+CANDIDATES = {
+    4096: [ws(128, 128, 1, 4), ws(128, 64, 1, 6), ws(96, 128, 1, 5), ws(64, 128, 1, 6), ws(64, 128, 1, 6, wg=1)],
+    1024: [ws(128, 128, 1, 4), ws(128, 64, 1, 6), ws(64, 128, 1, 6), ws(128, 128, 2, 4)],
+    256: [ws(128, 128, 2, 4), ws(128, 64, 2, 6), ws(64, 128, 1, 6), ws(64, 128, 2, 6), ws(128, 128, 1, 4)],
+    64: [ws(64, 128, 4, 6), ws(64, 64, 4, 8), ws(64, 128, 2, 6), ws(64, 128, 8, 6), ws(64, 128, 4, 6, wg=1),
+         ws(32, 128, 4, 6)],
+}
+
+torch.manual_seed(0)
+n = k = 8192
+scheme = hg.QuantScheme(**dict(weight=sys.argv[1] if len(sys.argv) > 1 else "int4", group_size=128))
+qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(8)]
+for m, cands in CANDIDATES.items():
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    built = []
+    for t in cands:
+        try:
+            built.append((t, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
+        except Exception as e:
+            print(f"m={m} {t.summary()}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+    times = {i: [] for i in range(len(built))}
+    for _ in range(2):
+        for i, (t, layers) in enumerate(built):
+            times[i].append(graph_time_us(layers, x))
+    for i, (t, _) in enumerate(built):
+        print(f"m={m} {t.block_m}x{t.block_n}x{t.block_k} s{t.stages} k{t.split_k}: {min(times[i]):.1f} us", flush=True)
+    del built
+    torch.cuda.empty_cache()

@@ -1,0 +1,38 @@
+"""Shared -> register reads of the weight layout (humming_gen.schemes.packing) that every pipeline uses, whatever
+brought the data into shared memory (cp.async, bulk copies)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from humming_gen.components.base import Component, option_field
+
+
+@attrs.frozen
+class BChunkShared(Component):
+    """A warp's 16-tile weight chunk, read with `bits` 16-byte loads per thread."""
+
+    template: ClassVar[str] = "memory/b_chunk_shared.cuh.j2"
+    family: ClassVar[str] = "memory"
+    bits: int
+
+
+@attrs.frozen
+class GroupParamsShared(Component):
+    """A thread's (row g, row g + 8) group scales / zero terms from a stage's group rows."""
+
+    template: ClassVar[str] = "memory/group_params_shared.cuh.j2"
+    family: ClassVar[str] = "memory"
+    dtype: str
+    tensors: tuple[str, ...]
+    float_scales: bool  # read scales as fp32 (group scale applied to fp32 partial sums)
+    pair_loads: bool  # read (row g, row g + 8) pairs broadcast into 16-bit pairs (scales or zero points)
+    # The group size is not a multiple of 16: load_group_pair_at finds a register pair's row from its k.
+    arbitrary_groups: bool = option_field()
+    odd_group_size: bool = option_field()  # the (k, k + 1) elements of a register pair may lie in different groups
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("prmt",) if self.pair_loads or self.odd_group_size else ()

@@ -1,1 +1,0 @@
-"""pipeline family: kernel skeletons."""

@@ -1,0 +1,200 @@
+"""Choices every dense pipeline makes the same way: K padding and group rows, the dequantization chain
+(extract -> convert -> scale apply), the weight layout, the kernel-argument spec and the kernel name."""
+
+from __future__ import annotations
+
+import math
+
+from humming_gen.components.base import Component
+from humming_gen.components.numeric.convert import kernel_codes_offset, select_converter
+from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
+from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
+                                                         SubtractOffset, SubtractOffsetScale)
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUTPUT, ROWS, SCRATCH, WEIGHT, GroupPlan,
+                                        KernelArg, WeightLayout)
+from humming_gen.schemes import QuantScheme
+from humming_gen.schemes.packing import BLayout
+from humming_gen.targets import Target
+
+K_ALIGN = 256  # K is padded to a multiple of this; every block_k divides it, so a layer's kernels share weights
+SHARED_SHIFT_MAX_M_TILES = 2  # 3-bit shared-shift extraction up to this many m8 tiles per warp
+
+
+def kernel_group_size(group_size: int) -> int:
+    """Group size of the kernel layout: the scheme's, or a divisor of it that every block_k works with
+    (scales are then repeated): 48 -> 16, 384 -> 128."""
+    if group_size % K_ALIGN == 0 or K_ALIGN % group_size == 0:
+        return group_size
+    return math.gcd(group_size, K_ALIGN)
+
+
+def arbitrary_group_size(scheme: QuantScheme) -> int | None:
+    """The scheme's group size along K when no kernel group size that is a multiple of 16 serves it (8, 24, 40,
+    100, 7, a block scale of K side 24), else None. Such groups keep their own size in the kernel layout."""
+    if scheme.granularity == "group":
+        g = scheme.group_size
+    elif scheme.granularity == "block":
+        g = scheme.block_size[1]
+    else:
+        return None
+    return g if kernel_group_size(g) % 16 else None
+
+
+def arbitrary_rows_per_stage(group_size: int, block_k: int) -> int:
+    """Most group rows a k tile [k0, k0 + block_k) touches, k0 a multiple of block_k: k0 % group_size is a
+    multiple of gcd(block_k, group_size), at most group_size - gcd, and the tile spans that many more elements."""
+    return (block_k - 1 + group_size - math.gcd(block_k, group_size)) // group_size + 1
+
+
+def padded_k(layer: LayerConfig) -> int:
+    return math.ceil(layer.k / K_ALIGN) * K_ALIGN
+
+
+def group_plan(layer: LayerConfig, block_k: int) -> GroupPlan | None:
+    """Group rows of the layer's kernel layout and how many a stage of `block_k` loads (None: no group params)."""
+    s = layer.scheme
+    k_pad = padded_k(layer)
+    tensors = ("b_scale", "b_zero") if s.zero_point is not None else ("b_scale",)
+    arbitrary = arbitrary_group_size(s)
+    if arbitrary is not None:
+        rows = math.ceil(k_pad / arbitrary)  # the last, (k_pad - 1) // group_size, holds the last padded k
+        per_stage = min(rows, arbitrary_rows_per_stage(arbitrary, block_k))
+        return GroupPlan(group_size=arbitrary, rows=rows, rows_per_stage=per_stage, tensors=tensors, arbitrary=True)
+    if s.granularity == "group":
+        g = kernel_group_size(s.group_size)
+    elif s.granularity == "block":
+        g = kernel_group_size(s.block_size[1])
+    elif s.granularity == "channel" and s.zero_point is not None:
+        g = k_pad  # one group spanning K: zero points need the in-register path
+    else:
+        return None
+    return GroupPlan(group_size=g, rows=math.ceil(k_pad / g), rows_per_stage=max(1, block_k // g), tensors=tensors)
+
+
+def has_out_scale(scheme: QuantScheme) -> bool:
+    """Channel / tensor scales without zero points, and global scales, multiply the output columns."""
+    return bool(scheme.granularity in ("channel", "tensor") and scheme.zero_point is None or scheme.global_scale)
+
+
+def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
+    """What no dense pipeline generates yet, or the target cannot run whatever the pipeline."""
+    reasons = []
+    s = layer.scheme
+    if compute.gemm != "dense":
+        reasons.append(f"compute.gemm={compute.gemm!r}: only 'dense' kernels are generated so far")
+    if compute.accumulate != "float32":
+        reasons.append(f"compute.accumulate={compute.accumulate!r}: only 'float32' is generated so far")
+    if compute.epilogue_activation is not None or compute.topk_weight:
+        reasons.append("fused epilogue activations / top-k weights are not generated yet")
+    if s.activation is not None:
+        reasons.append(f"quantized activations ({s.activation.dtype.name}) are not generated yet; "
+                       f"use a scheme with activation=None (16-bit activations)")
+    try:
+        select_converter(s.weight, layer.dtype)
+    except ValueError as e:
+        reasons.append(str(e))
+    if target.has("ppu_variants"):
+        reasons.append(f"target {target.name}: its mma back end (ppu.-prefixed mma / ldmatrix, N=16 tiles with "
+                       f"N-before-M accumulator fragments) is not generated yet")
+    return reasons
+
+
+def dequant_chain(layer: LayerConfig, group: GroupPlan | None, warp_m_tiles: int, slice_scale: bool
+                  ) -> tuple[list[Component], Component, bool]:
+    """(numeric components, the scale-apply component, conversion merged into extraction) for the layer.
+
+    A conversion that is an OR of a magic number merges into the extraction's LOP3 and is not rendered; a
+    converter that masks the code bits itself takes the plane unmasked; 3-bit codes share one shift among three
+    registers (packing.plane_positions) where few m tiles share each weight (with more, the dequantization is
+    amortized and the shared shifts' live registers would spill)."""
+    s = layer.scheme
+    dtype = layer.dtype
+    converter = select_converter(s.weight, dtype)
+    offset = kernel_codes_offset(s.weight)
+    apply = scale_apply(group, s.zero_point, converter.bias, offset, dtype, slice_scale)
+    or_bits = getattr(converter, "or_bits", None)
+    mask_codes = not getattr(converter, "takes_unmasked", False)
+    if or_bits and s.weight.bits == 3 and warp_m_tiles <= SHARED_SHIFT_MAX_M_TILES:
+        extract: Component = ThreeBitSharedShiftExtract(or_bits=or_bits, dtype=dtype)
+    else:
+        extract = PlaneExtract(bits=s.weight.bits, or_bits=or_bits, mask_codes=mask_codes)
+    return [extract] + ([] if or_bits else [converter]) + [apply], apply, or_bits is not None
+
+
+def scale_apply(group: GroupPlan | None, zero_point: str | None, bias: float, offset: int, dtype: str,
+                slice_scale: bool) -> Component:
+    if group is None or (slice_scale and zero_point is None):
+        return SubtractOffset(dtype=dtype, offset=bias + offset)
+    if slice_scale:
+        return IntZeroPoint(dtype=dtype)
+    if zero_point is None:
+        return SubtractOffsetScale(dtype=dtype, offset=bias + offset)
+    if zero_point == "int":
+        return IntZeroPointScale(dtype=dtype)
+    return FloatZeroPointScale(dtype=dtype, offset=bias)
+
+
+def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: GroupPlan | None) -> WeightLayout:
+    s = layer.scheme
+    return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=padded_k(layer),
+                        group_size=group.group_size if group else None, group_rows=group.rows if group else None,
+                        group_tensors=group.tensors if group else (), out_scale=has_out_scale(s),
+                        code_offset=kernel_codes_offset(s.weight),
+                        converter_bias=select_converter(s.weight, layer.dtype).bias, zero_point=s.zero_point,
+                        dtype=layer.dtype)
+
+
+def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool) -> tuple[KernelArg, ...]:
+    """The Params fields of a dense kernel, in struct order."""
+    dtype = layer.dtype
+    args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
+            KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
+    if group is not None:
+        args.append(KernelArg("b_scale", "const void*", WEIGHT, f"group scales [group][n_pad] {dtype}",
+                              tensor="b_scale"))
+        if "b_zero" in group.tensors:
+            args.append(KernelArg("b_zero", "const void*", WEIGHT, f"negated zero terms [group][n_pad] {dtype}",
+                                  tensor="b_zero"))
+    if has_out_scale(layer.scheme):
+        args.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
+    if layer.has_bias:
+        args.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {dtype}"))
+    args.append(KernelArg("c", "void*", OUTPUT, f"output (m, n) {layer.out_dtype}, row stride ldc"))
+    if split_k:
+        args += [KernelArg("workspace", "void*", SCRATCH, "fp32 split-K partial tiles", tensor="workspace"),
+                 KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
+                           tensor="counters")]
+    args += [KernelArg("m", "int", ROWS, "rows of a and c"), KernelArg("lda", "int", LDA, "row stride of a, elements"),
+             KernelArg("ldc", "int", LDC, "row stride of c, elements")]
+    return tuple(args)
+
+
+def kernel_name(layer: LayerConfig, tuning: TuningConfig, target: Target, suffix: str = "") -> str:
+    s = layer.scheme
+    gran = {"group": f"g{s.group_size}", "channel": "ch", "tensor": "t",
+            "block": f"b{s.block_size[0] if s.block_size else 0}x{s.block_size[1] if s.block_size else 0}"
+            }[s.granularity]
+    zp = {"int": "zi", "float": "zf"}.get(s.zero_point or "", "")
+    t = tuning
+    out = "" if layer.out_dtype == layer.dtype else f"_o{layer.out_dtype}"
+    extras = ("_gs" if s.global_scale else "") + ("_bias" if layer.has_bias else "")
+    return (f"gemm_w{s.weight.name}{gran}{zp}s{s.scale_dtype.name}_a{layer.dtype}{out}{extras}_n{layer.n}k{layer.k}_"
+            f"{target.name}_{t.block_m}x{t.block_n}x{t.block_k}s{t.stages}w{t.warps_m}x{t.warps_n}x{t.warps_k}"
+            f"k{t.split_k}{suffix}")
+
+
+def constants_table(layer: LayerConfig, n_pad: int, k_pad: int) -> list[tuple[str, int, str]]:
+    """Problem constants every dense kernel may read."""
+    return [("kN", layer.n, "output features"), ("kK", layer.k, "input features"),
+            ("kKA", math.ceil(layer.k / 8) * 8, "activation columns (rows are padded to 16 bytes)"),
+            ("kNPad", n_pad, "N padded to block_n"), ("kKPad", k_pad, "K padded to K_ALIGN (256)")]
+
+
+def missing_features(components: "tuple[Component, ...]", target: Target) -> list[str]:
+    """Every target feature a chosen component requires and the target lacks, named with the component."""
+    missing = {f: type(c).__name__ for c in components for f in sorted(c.requires) if not target.has(f)}
+    reasons = [f"target {target.name} lacks '{f}', which {who} needs" for f, who in missing.items()]
+    if set(missing) == {"mma_bf16"}:
+        reasons.append(f"target {target.name} has no bf16 mma; use float16 activations")
+    return reasons

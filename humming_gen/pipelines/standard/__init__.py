@@ -1,0 +1,31 @@
+"""The standard pipeline: a cp.async multi-stage ring, ldmatrix, in-register dequantization and mma.sync, with
+split-K. Every target from sm_80 on; the fastest at small M (decode)."""
+
+from __future__ import annotations
+
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.pipelines.common import common_reasons
+from humming_gen.pipelines.standard import compose as _compose
+from humming_gen.pipelines.standard import heuristics as _heuristics
+from humming_gen.pipelines.standard import weights as _weights
+from humming_gen.pipelines.standard.loaders import ATileCpAsync
+from humming_gen.pipelines.standard.skeleton import StandardPipeline
+from humming_gen.targets import Target
+
+
+class Standard:
+    name = "standard"
+    compose = staticmethod(_compose.compose)
+    shared_memory = staticmethod(_compose.shared_memory)
+    choose_tunings = staticmethod(_heuristics.choose_tunings)
+    prepare_weight = staticmethod(_weights.prepare_weight)
+
+    @staticmethod
+    def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
+        needs = StandardPipeline.requires | ATileCpAsync.requires
+        return common_reasons(layer, compute, target) + [
+            f"target {target.name} lacks '{f}', which the standard pipeline needs" for f in sorted(needs)
+            if not target.has(f)]
+
+
+STANDARD = Standard()

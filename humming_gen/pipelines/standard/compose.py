@@ -1,0 +1,214 @@
+"""compose() of the standard pipeline: (LayerConfig, ComputeConfig, TuningConfig, Target) -> a KernelPlan of a
+cp.async ring + ldmatrix + in-register dequantization + mma.sync kernel.
+
+Every choice between strategies is made here, as readable tables; components only render what they are given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from humming_gen.components.base import Component
+from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
+from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
+from humming_gen.components.ptx.wrappers import wrappers_for
+from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.pipelines.base import GroupPlan, KernelPlan, TiledLaunch, compose_error
+from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
+                                          group_plan, has_out_scale, kernel_name, missing_features, padded_k,
+                                          weight_layout)
+from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
+from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce, offset_constant
+from humming_gen.schemes.packing import BLayout
+from humming_gen.targets import Target
+
+SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
+SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
+
+
+@attrs.frozen
+class SmemPlan:
+    """Shared-memory layout of one stage (each part 128-byte aligned) and the kernel's total."""
+
+    a: int         # activation tile
+    b: int         # packed weight tile
+    group: int     # one group-parameter tensor's rows
+    tensors: int   # group-parameter tensors (scales, zero points)
+    rows: int      # group rows per stage
+    stages: int
+    reduce: int    # the k-warp reduction, which reuses the ring after the main loop
+
+    @property
+    def stage(self) -> int:
+        return self.a + self.b + self.group * self.tensors
+
+    @property
+    def total(self) -> int:
+        return max(self.stages * self.stage, self.reduce)
+
+    def group_note(self) -> str:
+        return f", {self.tensors} x {self.rows} group rows" if self.tensors else ""
+
+
+def _align(x: int) -> int:
+    return (x + 127) // 128 * 128
+
+
+def b_layout_of(layer: LayerConfig, tuning: TuningConfig) -> BLayout:
+    t = tuning
+    return BLayout(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k, bits=layer.scheme.weight.bits)
+
+
+def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
+    """The shared memory a standard-pipeline kernel of these configs uses (compose and the heuristics agree)."""
+    t = tuning
+    group = group_plan(layer, t.block_k)
+    warp_m, warp_n = t.block_m // t.warps_m, t.block_n // t.warps_n
+    acc_floats = (warp_n // 16) * (warp_m // 8) * 4 * 32
+    return SmemPlan(a=_align(t.block_m * t.block_k * 2), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
+                    group=_align(group.rows_per_stage * t.block_n * 2) if group else 0,
+                    tensors=len(group.tensors) if group else 0, rows=group.rows_per_stage if group else 0,
+                    stages=t.stages, reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+
+
+def tuning_reasons(tuning: TuningConfig) -> list[str]:
+    """TuningConfig fields this pipeline does not use with the values given."""
+    t = tuning
+    reasons = []
+    if t.mma != "m16n8k16":
+        reasons.append(f"tuning.mma={t.mma!r}: the standard pipeline uses 'm16n8k16'")
+    if t.stream_k:
+        reasons.append("tuning.stream_k: the standard pipeline uses split_k")
+    if t.a_load != "cp_async" or t.b_load != "cp_async" or t.scale_load != "cp_async":
+        reasons.append("the standard pipeline loads every tensor with cp_async")
+    if t.cluster_m * t.cluster_n != 1:
+        reasons.append("the standard pipeline launches no clusters (cluster_m = cluster_n = 1)")
+    if t.stages < 2:
+        reasons.append(f"tuning.stages={t.stages}: the cp.async ring needs at least 2 stages (one landing while "
+                       f"the other is read)")
+    return reasons
+
+
+def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
+    """Choose and parametrise the components of one kernel; ComposeError lists everything that is off."""
+    s = layer.scheme
+    t = tuning
+    reasons = common_reasons(layer, compute, target) + tuning_reasons(t)
+    dtype = layer.dtype
+    warp_n, warp_k = t.block_n // t.warps_n, t.block_k // t.warps_k
+    warp_m = t.block_m // t.warps_m
+    if warp_m % 8:
+        reasons.append(f"warp tile m = block_m/warps_m = {warp_m} is not a multiple of 8")
+    b_layout = b_layout_of(layer, t)
+    reasons += b_layout.check()
+    if K_ALIGN % t.block_k:
+        reasons.append(f"tuning.block_k={t.block_k} must divide {K_ALIGN} (the K padding shared by a layer's kernels)")
+    n_pad = math.ceil(layer.n / t.block_n) * t.block_n
+    k_pad = padded_k(layer)
+    k_tiles = math.ceil(layer.k / t.block_k)
+    if t.split_k > k_tiles:
+        reasons.append(f"tuning.split_k={t.split_k} exceeds the {k_tiles} k tiles of K={layer.k} "
+                       f"with block_k={t.block_k}")
+    group = group_plan(layer, t.block_k)
+    if reasons:
+        raise compose_error(reasons)
+
+    # --- components, by family ---------------------------------------------------------------
+    # Where a warp's stage slice lies in one group and few m tiles share each weight, the group scale is applied
+    # to the slice's fp32 partial sums (per row, once per stage) instead of to every dequantized weight.
+    hoist = bool(group and not group.arbitrary and group.group_size % warp_k == 0)
+    slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
+    numeric, apply, convert_in_extract = dequant_chain(layer, group, warp_m // 8, slice_scale)
+    memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
+                               BChunkShared(bits=s.weight.bits),
+                               BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
+    if group is not None:
+        # An odd group size can put a group boundary inside a register's (k, k + 1) pair: each element then reads
+        # its own row, and the broadcasting pair load is not used.
+        odd = group.arbitrary and group.group_size % 2 == 1
+        memory += [GroupParamsCpAsync(dtype=dtype, tensors=group.tensors, arbitrary_groups=group.arbitrary),
+                   GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=slice_scale,
+                                     pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
+                                     arbitrary_groups=group.arbitrary, odd_group_size=odd)]
+    mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
+    schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
+    epilogue: list[Component] = []
+    if t.warps_k > 1:
+        epilogue.append(WarpKReduce(warps_k=t.warps_k))
+    if t.split_k > 1:
+        epilogue.append(SplitKReduce(split_k=t.split_k))
+    out_scale = has_out_scale(s)
+    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias))
+    pdl = target.has("pdl")
+    name = kernel_name(layer, t, target)
+    pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
+                                hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
+                                convert_in_extract=convert_in_extract,
+                                warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
+                                pdl=pdl, arbitrary_groups=bool(group and group.arbitrary))
+    body = numeric + memory + mma + schedule + epilogue + [pipeline]
+    components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
+    reasons = missing_features(components, target)
+    if reasons:
+        raise compose_error(reasons)
+
+    # --- shared memory ---------------------------------------------------------------------------
+    smem = shared_memory(layer, t)
+    a_bytes, b_bytes, group_bytes, stage_bytes = smem.a, smem.b, smem.group, smem.stage
+    shared = smem.total
+    if shared > target.smem_per_block_optin:
+        raise compose_error([f"shared memory {shared} B (stages={t.stages} x {stage_bytes} B{smem.group_note()}) "
+                             f"exceeds {target.name}'s {target.smem_per_block_optin} B per block"])
+    if t.ctas_per_sm > 1 and t.ctas_per_sm * (shared + SMEM_PER_CTA_RESERVED) > target.smem_per_sm:
+        raise compose_error([f"tuning.ctas_per_sm={t.ctas_per_sm}: {t.ctas_per_sm} x ({shared} B + "
+                             f"{SMEM_PER_CTA_RESERVED} B reserved) of shared memory exceed {target.name}'s "
+                             f"{target.smem_per_sm} B per SM"])
+    if t.threads * t.ctas_per_sm > target.max_threads_per_sm:
+        raise compose_error([f"tuning.ctas_per_sm={t.ctas_per_sm} x {t.threads} threads exceed {target.name}'s "
+                             f"{target.max_threads_per_sm} threads per SM"])
+
+    constants = constants_table(layer, n_pad, k_pad) + [
+        ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),
+        ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
+        ("kWarpsMN", t.warps_m * t.warps_n, ""),
+        ("kWarpM", warp_m, "warp tile"), ("kWarpN", warp_n, ""), ("kWarpK", warp_k, ""),
+        ("kWarpMTiles", warp_m // 8, "m8 mma tiles per warp"), ("kWarpNTiles", warp_n // 16, "n16 mma tiles per warp"),
+        ("kChunksPerWarp", b_layout.chunks_per_warp, "16-tile weight chunks per warp and stage"),
+        ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
+        ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
+        ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16,
+         "16-byte chunks per n block of the packed weight"),
+    ]
+    if t.split_k > 1:
+        constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))
+    constants += group_constants(group, t.block_k)
+    constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
+    if group is not None:
+        for i, tensor in enumerate(group.tensors):
+            cname = "k" + offset_constant(tensor) + "Offset"
+            constants.append((cname, a_bytes + b_bytes + i * group_bytes, f"{tensor} rows in a stage"))
+
+    return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
+                      components=components, constants=tuple(constants), args=dense_args(layer, group, t.split_k > 1),
+                      layout=weight_layout(layer, b_layout, n_pad, group), group=group, shared_bytes=shared,
+                      threads=t.threads, pdl=pdl,
+                      launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
+                                         split_k=t.split_k))
+
+
+def group_constants(group: GroupPlan | None, block_k: int) -> list[tuple[str, int, str]]:
+    """How a stage's k range maps to group rows (the group-parameter loaders and readers)."""
+    if group is None:
+        return []
+    if group.arbitrary:
+        return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage (the most a k tile touches)"),
+                ("kGroupSize", group.group_size, "k elements per group (not a multiple of the mma k step)"),
+                ("kGroupTensorRows", group.rows, "group rows of the whole tensor: ceil(kKPad / kGroupSize)")]
+    return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage"),
+            ("kGroupSizeInStage", min(group.group_size, block_k), "k elements per group row inside a stage"),
+            ("kGroupRowsPerKTile", group.rows_per_stage, ""),
+            ("kKTilesPerGroup", max(1, group.group_size // block_k), "")]

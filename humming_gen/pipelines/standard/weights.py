@@ -1,0 +1,88 @@
+"""QuantizedWeight (standard form) -> the tensors of the bit-plane weight layout (humming_gen.schemes.packing)
+on the target device. Both pipelines read this layout: the warp-specialized one maps a warp's 64-row slice onto
+its wgmma rows, so a layer's kernels of either pipeline share one packed copy."""
+
+from __future__ import annotations
+
+import torch
+
+from humming_gen.components.numeric.halfbits import TORCH_DTYPE
+from humming_gen.layer.weights import PreparedWeight
+from humming_gen.pipelines.base import KernelPlan
+from humming_gen.schemes import QuantizedWeight
+from humming_gen.schemes.packing import pack_codes, pad_to, permute_group_rows
+
+
+def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
+    """Scheme-shaped (a, b) scale-like tensor -> (rows, N) for kernel groups of `group_size` along K: the scheme's
+    own group (any size, also one that is not a multiple of 16) or a divisor of it, whose rows repeat its values.
+    Rows past the scheme's last group (K padded to k_pad) repeat the last one."""
+    s = qw.scheme
+    n = qw.n
+    if s.granularity == "block":
+        bn, bk = s.block_size
+        values = values.repeat_interleave(bn, dim=0)[:n]
+        src_group = bk
+    elif s.granularity == "group":
+        src_group = s.group_size
+    else:  # channel (with zero point): one kernel group spans K
+        return values.reshape(n, 1).t().expand(rows, n)
+    first_k = torch.arange(rows, device=values.device) * group_size
+    idx = (first_k // src_group).clamp(max=values.shape[1] - 1)
+    return values[:, idx].t()
+
+
+def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device | str) -> PreparedWeight:
+    """Pad, repack and convert a dense QuantizedWeight for `plan`'s kernels (its WeightLayout); work happens on
+    `device`."""
+    s = qw.scheme
+    layer = plan.layer
+    lay = plan.layout
+    if qw.codes.dim() != 2:
+        raise ValueError(f"the dense kernel takes a (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
+    if (qw.n, qw.k) != (layer.n, layer.k):
+        raise ValueError(f"weight shape ({qw.n}, {qw.k}) does not match the layer (n={layer.n}, k={layer.k})")
+    if s.weight != layer.scheme.weight or s.granularity != layer.scheme.granularity:
+        raise ValueError(f"weight scheme ({s.summary()}) does not match the layer ({layer.scheme.summary()})")
+    dt = TORCH_DTYPE[layer.dtype]
+    mask = (1 << s.weight.bits) - 1
+    codes = (qw.codes.to(device).to(torch.int32) ^ lay.code_offset) & mask
+    codes = pad_to(codes.to(torch.uint8), {0: lay.n_pad, 1: lay.k_pad})
+    b = pack_codes(codes, lay.b_layout).contiguous()
+
+    scales = qw.scales.to(device, torch.float32)
+    extra = None  # per-row factor that is not in the out_scale path
+    if qw.channel_scale is not None:
+        extra = qw.channel_scale.to(device, torch.float32)
+
+    b_scale = b_zero = out_scale = None
+    if lay.group_size is not None:
+        sc = _scales_per_element_row(qw, scales, lay.group_size, lay.group_rows)
+        if extra is not None and not lay.out_scale:
+            sc = sc * extra[None, :]
+        sc_dt = sc.to(dt)
+        if not torch.isfinite(sc_dt).all() or bool(((sc_dt == 0) & (sc != 0)).any()):
+            raise ValueError(f"weight scales span [{sc.abs().min().item():.3g}, {sc.abs().max().item():.3g}], "
+                             f"beyond what {layer.dtype} group scales can hold; use bfloat16 activations")
+        b_scale = permute_group_rows(pad_to(sc_dt, {1: lay.n_pad})).contiguous()
+        if lay.zero_point is not None:
+            z = _scales_per_element_row(qw, qw.zero_points.to(device, torch.float32), lay.group_size, lay.group_rows)
+            if lay.zero_point == "int":
+                zero = -(z + lay.converter_bias)
+            else:
+                zero = -(z * sc)
+            b_zero = permute_group_rows(pad_to(zero.to(dt), {1: lay.n_pad})).contiguous()
+    if lay.out_scale:
+        col = torch.ones(qw.n, device=device, dtype=torch.float32)
+        if lay.group_size is None:
+            col = col * scales.reshape(-1)[: qw.n] if s.granularity == "channel" else col * scales.reshape(())
+        if qw.global_scale is not None:
+            col = col * qw.global_scale.to(device, torch.float32).reshape(())
+        if extra is not None:
+            col = col * extra
+        out_scale = pad_to(col, {0: lay.n_pad}).contiguous()
+    elif qw.global_scale is not None:
+        raise ValueError("a global scale needs the out_scale epilogue (scheme.global_scale=True)")
+    k_perm = None if qw.k_perm is None else qw.k_perm.to(device, torch.long)
+    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero, out_scale=out_scale,
+                          k_perm=k_perm)

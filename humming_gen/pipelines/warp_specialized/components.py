@@ -1,0 +1,59 @@
+"""Components of the warp-specialized pipeline: the producer's loaders and the kernel skeleton."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from humming_gen.components.base import Component
+from humming_gen.pipelines.standard.skeleton import offset_constant
+
+
+@attrs.frozen
+class ATileSw128CpAsync(Component):
+    """Activation tile by cp.async into wgmma's 128-byte-swizzled K-major layout, and its step descriptors."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/a_tile_sw128.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "wgmma"})
+    ptx: ClassVar[tuple[str, ...]] = ("cp_async_copy",)
+    dtype: str
+
+
+@attrs.frozen
+class WeightStageBulk(Component):
+    """A stage's weight slices and group-parameter rows by bulk copies completing on the stage's full barrier."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/weight_stage_bulk.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"tma"})
+    ptx: ClassVar[tuple[str, ...]] = ("bulk_copy",)
+    group_params: tuple[str, ...]
+
+    def extra_context(self) -> dict:
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+
+
+@attrs.frozen
+class WarpSpecializedPipeline(Component):
+    template: ClassVar[str] = "pipelines/warp_specialized/skeleton.cuh.j2"
+    family: ClassVar[str] = "pipeline"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
+    kernel_name: str
+    block_m: int
+    consumer_warpgroups: int
+    group_params: tuple[str, ...]
+    hoist_group_params: bool  # a stage lies in one group: its group parameters are read once per stage
+    dequant_params: tuple[str, ...]
+    convert_in_extract: bool
+    split_k: bool
+    pdl: bool
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
+                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
+
+    def extra_context(self) -> dict:
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}

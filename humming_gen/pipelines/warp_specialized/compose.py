@@ -1,0 +1,227 @@
+"""compose() of the warp-specialized pipeline (sm_90a): a producer warpgroup (bulk copies of weights and group
+rows, cp.async of activations) feeding 1-2 consumer warpgroups that dequantize in registers and run wgmma with
+the weights as the register A operand, over a persistent grid.
+
+The weights keep the standard pipeline's layout (128-row blocks, two 64-row warp slices, 64-k chunks), so a layer
+whose small-M buckets run the standard pipeline shares one packed copy with these kernels: consumer warp w reads
+slice w of the tile exactly as a standard warp would, and its four 16-row tiles are the A fragments of the four
+m64 wgmma instructions of its warpgroup (warp w of a warpgroup holds rows 16w..16w+15 of each).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from humming_gen.components.base import Component
+from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
+from humming_gen.components.mma.wgmma import WgmmaRS
+from humming_gen.components.ptx.wrappers import wrappers_for
+from humming_gen.components.schedule.dense import PersistentSchedule
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
+from humming_gen.pipelines.common import (K_ALIGN, arbitrary_group_size, common_reasons, constants_table,
+                                          dense_args, dequant_chain, group_plan, has_out_scale, kernel_name,
+                                          missing_features, padded_k, weight_layout)
+from humming_gen.pipelines.standard.compose import group_constants
+from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
+                                                               WeightStageBulk)
+from humming_gen.schemes.packing import BLayout
+from humming_gen.targets import Target
+
+LAYOUT_BLOCK_N, LAYOUT_WARP_N, LAYOUT_WARP_K = 128, 64, 64  # the shared weight layout (standard heuristics' LAYOUT)
+BLOCK_N = 4 * LAYOUT_WARP_N  # weight rows of a tile: warp w of each consumer warpgroup reads 64-row slice w
+N_TILES_PER_SLICE = LAYOUT_WARP_N // 16  # 16-row n tiles of a slice, shared out among the consumer warpgroups
+ACC_REGISTERS = 176  # fp32 accumulators per consumer thread: n tiles x block_m / 2 (176 tokens with two warpgroups)
+PRODUCER_THREADS = 128
+PRODUCER_REGISTERS = 40
+REGISTER_FILE = 65536
+SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
+STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
+
+
+@attrs.frozen
+class SmemPlan:
+    """One stage: [activation panels | weight slices | group rows], padded to 1024 bytes; then the barriers."""
+
+    a: int
+    b: int
+    group: int    # one group-parameter tensor's rows
+    tensors: int
+    stages: int
+
+    @property
+    def stage(self) -> int:
+        raw = self.a + self.b + self.group * self.tensors
+        return -(-raw // SMEM_ALIGN) * SMEM_ALIGN
+
+    @property
+    def total(self) -> int:
+        return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full/empty barriers + alignment slack
+
+    def fits(self, target: Target) -> bool:
+        return self.total + STATIC_SMEM <= target.smem_per_block_optin
+
+
+def consumer_warpgroups(tuning: TuningConfig) -> int:
+    return tuning.warps_n // 4
+
+
+def max_block_m(warpgroups: int) -> int:
+    """Most tokens per tile: each warpgroup holds N_TILES_PER_SLICE / warpgroups m64 accumulators of block_m / 2."""
+    return ACC_REGISTERS * 2 * warpgroups // N_TILES_PER_SLICE
+
+
+def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
+    t = tuning
+    group = group_plan(layer, t.block_k)
+    slices = (t.block_n // LAYOUT_BLOCK_N) * (t.block_k // LAYOUT_WARP_K)
+    return SmemPlan(a=t.block_m * t.block_k * 2, b=slices * b_slice_bytes(layer),
+                    group=group.rows_per_stage * t.block_n * 2 if group else 0,
+                    tensors=len(group.tensors) if group else 0, stages=t.stages)
+
+
+def b_slice_bytes(layer: LayerConfig) -> int:
+    """Bytes of one (128-row layout block, 64-k slice) of the packed weight."""
+    return LAYOUT_BLOCK_N * LAYOUT_WARP_K * layer.scheme.weight.bits // 8
+
+
+def consumer_registers(warpgroups: int) -> int:
+    """Registers per consumer thread after the producer gives its share back (setmaxnreg: multiples of 8, <= 256)."""
+    free = REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGISTERS
+    return min(256, free // (128 * warpgroups) // 8 * 8)
+
+
+def layout_reasons(layer: LayerConfig) -> list[str]:
+    """What of the layer the pipeline cannot serve whatever the tuning."""
+    reasons = []
+    g = arbitrary_group_size(layer.scheme)
+    if g is not None:
+        reasons.append(f"group size {g} along K is not a multiple of 16: such groups are served by the standard "
+                       f"pipeline")
+    return reasons
+
+
+def tuning_reasons(tuning: TuningConfig) -> list[str]:
+    t = tuning
+    reasons = []
+    if t.mma != "wgmma":
+        reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
+    if t.block_n != BLOCK_N:
+        reasons.append(f"tuning.block_n={t.block_n}: the warp-specialized tile has {BLOCK_N} weight rows (four 64-row "
+                       f"slices of the weight layout)")
+    if t.warps_n not in (4, 8) or t.warps_m != 1 or t.warps_k != 1:
+        reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: one or two consumer warpgroups, "
+                       f"warps 1x4x1 or 1x8x1")
+    elif t.block_m > max_block_m(consumer_warpgroups(t)):
+        reasons.append(f"tuning.block_m={t.block_m}: at most {max_block_m(consumer_warpgroups(t))} tokens per tile "
+                       f"with {consumer_warpgroups(t)} consumer warpgroup(s) (their m64 wgmma accumulators must fit "
+                       f"{ACC_REGISTERS} registers of a consumer thread)")
+    if t.block_k not in (64, 128):
+        reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
+                       f"producer's activation rows keep their swizzle up to 16 chunks per row)")
+    if t.a_load != "cp_async":
+        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
+                       f"to encode per call)")
+    if t.b_load != "tma" or t.scale_load != "tma":
+        reasons.append("tuning.b_load / scale_load: the producer bulk-copies weights and group rows ('tma')")
+    if t.cluster_m * t.cluster_n != 1:
+        reasons.append("clusters (multicast) are not generated yet for the warp-specialized pipeline")
+    if t.stream_k:
+        reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
+    if t.ctas_per_sm != 1:
+        reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM (its warpgroups share the register file)")
+    if t.stages < 2:
+        reasons.append(f"tuning.stages={t.stages}: the ring needs at least 2 stages")
+    return reasons
+
+
+def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
+    """Choose and parametrise the components of one kernel; ComposeError lists everything that is off."""
+    s = layer.scheme
+    t = tuning
+    reasons = common_reasons(layer, compute, target) + layout_reasons(layer) + tuning_reasons(t)
+    k_tiles = math.ceil(layer.k / t.block_k)
+    if t.split_k > k_tiles:
+        reasons.append(f"tuning.split_k={t.split_k} exceeds the {k_tiles} k tiles of K={layer.k} "
+                       f"with block_k={t.block_k}")
+    if reasons:
+        raise compose_error(reasons)
+    dtype = layer.dtype
+    warpgroups = consumer_warpgroups(t)
+    b_layout = BLayout(block_n=LAYOUT_BLOCK_N, warps_n=LAYOUT_BLOCK_N // LAYOUT_WARP_N, warp_k=LAYOUT_WARP_K,
+                       bits=s.weight.bits)
+    n_pad = math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N
+    k_pad = padded_k(layer)
+    group = group_plan(layer, t.block_k)
+    hoist = bool(group and group.group_size % t.block_k == 0)
+
+    numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False)
+    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype), BChunkShared(bits=s.weight.bits),
+                               WeightStageBulk(group_params=group.tensors if group else ())]
+    if group is not None:
+        memory.append(GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=False, pair_loads=True))
+    mma: list[Component] = [WgmmaRS(dtype=dtype, n=t.block_m)]
+    schedule: list[Component] = [PersistentSchedule(split_k=t.split_k)]
+    epilogue: list[Component] = []
+    if t.split_k > 1:
+        epilogue.append(SplitKReduce(split_k=t.split_k, sync="consumer_sync()",
+                                     leader=f"threadIdx.x == {PRODUCER_THREADS}"))
+    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                                bias=layer.has_bias))
+    pdl = target.has("pdl")
+    name = kernel_name(layer, t, target, suffix="_ws")
+    pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
+                                       group_params=group.tensors if group else (), hoist_group_params=hoist,
+                                       dequant_params=apply.params, convert_in_extract=convert_in_extract,
+                                       split_k=t.split_k > 1, pdl=pdl)
+    body = numeric + memory + mma + schedule + epilogue + [pipeline]
+    components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
+    reasons = missing_features(components, target)
+    if reasons:
+        raise compose_error(reasons)
+
+    smem = shared_memory(layer, t)
+    if not smem.fits(target):
+        raise compose_error([f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) + {STATIC_SMEM} B "
+                             f"static exceeds {target.name}'s {target.smem_per_block_optin} B per block"])
+    threads = PRODUCER_THREADS * (1 + warpgroups)
+    slice_bytes = b_slice_bytes(layer)
+    constants = constants_table(layer, n_pad, k_pad) + [
+        ("kBlockM", t.block_m, "tokens per tile (wgmma N)"), ("kBlockN", t.block_n, "weight rows per tile"),
+        ("kBlockK", t.block_k, ""),
+        ("kNTiles", math.ceil(n_pad / t.block_n), "tiles along N"), ("kKTiles", k_tiles, "k tiles of kBlockK"),
+        ("kStages", t.stages, "ring depth"), ("kStepsPerStage", t.block_k // 16, "k16 wgmma steps per stage"),
+        ("kThreads", threads, "one producer and the consumer warpgroups"),
+        ("kProducerThreads", PRODUCER_THREADS, ""), ("kConsumerWarpgroups", warpgroups, ""),
+        ("kConsumerWarps", 4 * warpgroups, ""), ("kConsumerThreads", 128 * warpgroups, ""),
+        ("kWarpsMN", 4 * warpgroups, "consumer warps (the split-K hand-off's warp count)"),
+        ("kProducerRegisters", PRODUCER_REGISTERS, "setmaxnreg budgets"),
+        ("kConsumerRegisters", consumer_registers(warpgroups), ""),
+        ("kWarpNTiles", N_TILES_PER_SLICE // warpgroups,
+         "n tiles of its slice per consumer warp = m64 wgmma instructions per warpgroup and step"),
+        ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
+        ("kBSliceBytes", slice_bytes, "one 128-row layout block x 64 k of packed weight"),
+        ("kBWarpSliceWords", slice_bytes // 4 // 2, "one 64-row warp slice of it, in words"),
+        ("kSlicesPerStage", t.block_k // LAYOUT_WARP_K, ""),
+        ("kSlicesPerN", k_pad // LAYOUT_WARP_K, "64-k slices per layout block of the packed weight"),
+        ("kSmemAlign", SMEM_ALIGN, ""),
+    ]
+    if t.split_k > 1:
+        constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))
+    constants += group_constants(group, t.block_k)
+    constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
+    if group is not None:
+        from humming_gen.pipelines.standard.skeleton import offset_constant
+
+        for i, tensor in enumerate(group.tensors):
+            constants.append(("k" + offset_constant(tensor) + "Offset", smem.a + smem.b + i * smem.group,
+                              f"{tensor} rows in a stage"))
+    launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,
+                              split_k=t.split_k, slots=target.sm_count)
+    return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
+                      kernel_name=name, components=components, constants=tuple(constants),
+                      args=dense_args(layer, group, t.split_k > 1), layout=weight_layout(layer, b_layout, n_pad, group),
+                      group=group, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

@@ -1,0 +1,563 @@
+// humming_gen 0.1.0 - generated; edit templates/, not this file
+// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws   key c1f68ddf9f1a
+// layer   n=4096 k=4096 weight=int4 scale=bfloat16/g128 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
+// compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
+// tuning  pipeline=warp_specialized mma=wgmma block=176x256x128 warps=1x8x1 stages=3 split_k=1 stream_k=no load=a:cp_async,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
+// target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
+// components (in order):
+//   ptx.SmemAddress()
+//   ptx.CpAsync(groups=False)
+//   ptx.Prmt()
+//   ptx.AndOr()
+//   ptx.Fma2(dtype='bfloat16')
+//   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
+//   ptx.GridDependency()
+//   ptx.Mbarrier()
+//   ptx.BulkCopy()
+//   ptx.AsyncProxyFence()
+//   ptx.SetMaxNReg()
+//   numeric.PlaneExtract(bits=4, or_bits='0x43004300')
+//   numeric.SubtractOffsetScale(dtype='bfloat16', offset=136.0)
+//   memory.ATileSw128CpAsync(dtype='bfloat16')
+//   memory.BChunkShared(bits=4)
+//   memory.WeightStageBulk(group_params=('b_scale',))
+//   memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
+//   mma.WgmmaRS(dtype='bfloat16', n=176)
+//   schedule.PersistentSchedule(split_k=1)
+//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
+//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws', block_m=176, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+// full configs (JSON):
+//   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
+//   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
+//   tuning  {"a_load": "cp_async", "b_load": "tma", "block_k": 128, "block_m": 176, "block_n": 256, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "wgmma", "pipeline": "warp_specialized", "raster": "n_major", "scale_load": "tma", "split_k": 1, "stages": 3, "stream_k": false, "warps_k": 1, "warps_m": 1, "warps_n": 8}
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// Tile geometry and problem constants (every config value appears once, here).
+namespace hg::cfg {
+constexpr int kN = 4096;  // output features
+constexpr int kKA = 4096;  // activation columns (rows are padded to 16 bytes)
+constexpr int kNPad = 4096;  // N padded to block_n
+constexpr int kBlockM = 176;  // tokens per tile (wgmma N)
+constexpr int kBlockN = 256;  // weight rows per tile
+constexpr int kBlockK = 128;
+constexpr int kNTiles = 16;  // tiles along N
+constexpr int kKTiles = 32;  // k tiles of kBlockK
+constexpr int kStages = 3;  // ring depth
+constexpr int kStepsPerStage = 8;  // k16 wgmma steps per stage
+constexpr int kThreads = 384;  // one producer and the consumer warpgroups
+constexpr int kProducerThreads = 128;
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerRegisters = 40;  // setmaxnreg budgets
+constexpr int kConsumerRegisters = 232;
+constexpr int kWarpNTiles = 2;  // n tiles of its slice per consumer warp = m64 wgmma instructions per warpgroup and step
+constexpr int kWarpMTiles = 22;  // 8-token accumulator groups
+constexpr int kBSliceBytes = 4096;  // one 128-row layout block x 64 k of packed weight
+constexpr int kBWarpSliceWords = 512;  // one 64-row warp slice of it, in words
+constexpr int kSlicesPerStage = 2;
+constexpr int kSlicesPerN = 64;  // 64-k slices per layout block of the packed weight
+constexpr int kSmemAlign = 1024;
+constexpr int kGroupRows = 1;  // group-parameter rows per stage
+constexpr int kGroupRowsPerKTile = 1;
+constexpr int kKTilesPerGroup = 1;
+constexpr int kAStageBytes = 45056;
+constexpr int kStageBytes = 62464;
+constexpr int kBScaleOffset = 61440;  // b_scale rows in a stage
+}  // namespace hg::cfg
+
+// Kernel argument: one struct passed by value, packed by humming_gen.kernel.Kernel.launch in this field order.
+struct Params {
+  const void* a;  // activations (m, k) bfloat16, row stride lda
+  const void* b;  // packed weights (humming_gen.schemes.packing)
+  const void* b_scale;  // group scales [group][n_pad] bfloat16
+  void* c;  // output (m, n) bfloat16, row stride ldc
+  int m;  // rows of a and c
+  int lda;  // row stride of a, elements
+  int ldc;  // row stride of c, elements
+};
+
+namespace hg {
+
+// ======================================== ptx
+
+// ---- ptx.SmemAddress()
+// ptx: generic -> shared-window address, the operand form cp.async and ldmatrix take.
+__device__ __forceinline__ u32 smem_address(const void* p) {
+  u32 addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+  return addr;
+}
+
+// ---- ptx.CpAsync(groups=False)
+// ptx: 16-byte global->shared copy that bypasses L1; src_bytes = 0 writes zeros (out-of-range rows and columns).
+__device__ __forceinline__ void cp_async_16(u32 smem_dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
+}
+
+// ---- ptx.Prmt()
+// ptx: byte permute, used to broadcast one 16-bit lane into a pair or to merge two lanes.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 selector) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// ---- ptx.AndOr()
+// ptx: (a & mask) | bits in one LOP3; written out because NVRTC 13.0 splits the C expression into two.
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
+  return d;
+}
+
+// ---- ptx.Fma2(dtype='bfloat16')
+// ptx: packed bfloat16 pair a * b + c, rounded to nearest (the only packed bfloat16 op on every target).
+__device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// ---- ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
+// ptx: single fp32 <-> 16-bit conversions for the epilogue.
+__device__ __forceinline__ u16 from_float(float x) {
+  u16 d;
+  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(d) : "f"(x));
+  return d;
+}
+
+// ---- ptx.GridDependency()
+// ptx: programmatic dependent launch. The kernel may start while the previous one in the stream finishes: it
+// prefetches weights (which no kernel writes), then waits for the previous grid before touching activations.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// ---- ptx.Mbarrier()
+// ptx: mbarrier (shared-memory transaction barriers) of the producer -> consumer ring. A full barrier completes
+// when its expected arrivals and transaction bytes are in; a wait spins on the parity of the phase it awaits.
+__device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The barrier counts one arrival of this thread once all of its earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+// ---- ptx.BulkCopy()
+// ptx: bulk global -> shared copy on the copy engine (no descriptor: a contiguous run of bytes, a multiple of 16),
+// completing as transaction bytes on an mbarrier.
+__device__ __forceinline__ void bulk_copy(u32 smem_dst, const void* gmem_src, int bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_dst), "l"(gmem_src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// ---- ptx.AsyncProxyFence()
+// ptx: order this thread's view of shared memory written through the generic proxy (cp.async) before the async
+// proxy (wgmma operand reads) uses it.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- ptx.SetMaxNReg()
+// ptx: per-warpgroup register budgets: the producer gives registers back, the consumers take them.
+template <int kRegs>
+__device__ __forceinline__ void registers_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+template <int kRegs>
+__device__ __forceinline__ void registers_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+
+// ======================================== numeric
+
+// ---- numeric.PlaneExtract(bits=4, or_bits='0x43004300')
+// numeric: 4-bit code pairs from 1 bit plane(s) of widths 4
+// (layout of humming_gen.schemes.packing): register `reg` of a 16-tile chunk lands with its two codes in the
+// low bits of each 16-bit lane, OR-ed into 0x43004300. `reg` is a compile-time constant after unrolling, so
+// words[] stays in registers and every shift below is one instruction (or none).
+constexpr int kChunkWords = 16;
+constexpr u32 kOrBits = 0x43004300u;
+__device__ __forceinline__ u32 extract_code_pair(const u32 (&words)[kChunkWords], int reg) {
+  const u32 plane0 = words[0 + reg / 4] >> (reg % 4 * 4);
+  u32 pair = and_or(plane0, 0x000F000Fu, kOrBits);
+  return pair;
+}
+
+// ---- numeric.SubtractOffsetScale(dtype='bfloat16', offset=136.0)
+// numeric: value = (x - offset) * group scale.
+// x is the converted pair; scale a (bfloat16, bfloat16) pair for the fragment's row.
+__device__ __forceinline__ u32 dequant_pair(u32 x, u32 scale) {
+  return fma2(fma2(x, 0x3F803F80u, 0xC308C308u), scale, 0x80008000u);
+}
+
+// ======================================== memory
+
+// ---- memory.ATileSw128CpAsync(dtype='bfloat16')
+// memory: activation tile (kBlockM tokens x kBlockK bfloat16) global -> shared by the producer warpgroup with
+// cp.async, in the K-major 128-byte-swizzled layout wgmma reads through a descriptor: panels of 64 k columns, one
+// 128-byte row per token, 16-byte chunk c of row r at chunk c ^ (r % 8). Rows >= m and columns >= k are
+// zero-filled. cp.async needs no tensor map, so a call passes only the activation pointer and its row stride.
+constexpr int kAPanelBytes = cfg::kBlockM * 128;
+constexpr int kAChunksPerRow = cfg::kBlockK / 8;
+constexpr int kARowsPerPass = cfg::kProducerThreads / kAChunksPerRow;  // rows the producer covers per pass
+static_assert(cfg::kProducerThreads % kAChunksPerRow == 0 && cfg::kBlockM % 8 == 0, "activation tile shape");
+
+// A thread always copies the same 16-byte column chunk; its rows step by kARowsPerPass (a multiple of 8, so the
+// swizzle of its chunk never changes).
+__device__ __forceinline__ void load_a_stage(u32 a_smem_stage, const u16* a, int lda, int m, int m0, int k0) {
+  const int chunk = threadIdx.x % kAChunksPerRow, row0 = threadIdx.x / kAChunksPerRow;
+  const int gk = k0 + chunk * 8;
+  u32 dst = a_smem_stage + (chunk / 8) * kAPanelBytes + row0 * 128 + ((chunk % 8) ^ (row0 % 8)) * 16;
+  const u16* src = a + (long long)(m0 + row0) * lda + gk;
+#pragma unroll 4
+  for (int row = row0; row < cfg::kBlockM; row += kARowsPerPass) {
+    const bool valid = m0 + row < m && gk < cfg::kKA;
+    cp_async_16(dst, valid ? src : a, valid ? 16 : 0);
+    dst += kARowsPerPass * 128;
+    src += (long long)kARowsPerPass * lda;
+  }
+}
+
+// Shared-memory matrix descriptor: start address, leading offset 16 B (unused with this swizzle), 1024 B between
+// 8-row groups, 128-byte swizzle.
+__device__ __forceinline__ unsigned long long smem_descriptor(u32 addr) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// Descriptor of k16 step `step` of the stage: panel step / 4, 32 bytes further per step inside the panel.
+__device__ __forceinline__ unsigned long long a_step_descriptor(u32 a_smem_stage, int step) {
+  return smem_descriptor(a_smem_stage + (step / 4) * kAPanelBytes + (step % 4) * 32);
+}
+
+// ---- memory.BChunkShared(bits=4)
+// memory: packed weight chunk shared -> registers. The weight tile is pre-arranged by humming_gen.schemes.packing:
+// one 16-byte shared load per plane word group gives a thread the codes of a whole 16-tile chunk (conflict-free:
+// lanes read consecutive 16 B).
+struct alignas(16) u32x4 {
+  u32 x, y, z, w;
+};
+
+__device__ __forceinline__ void load_b_chunk(u32 (&words)[kChunkWords], const u32* b_smem_warp, int chunk) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int l = 0; l < 4; ++l) {
+    const u32x4 v = *reinterpret_cast<const u32x4*>(b_smem_warp + ((chunk * 4 + l) * 32 + lane) * 4);
+    words[4 * l + 0] = v.x;
+    words[4 * l + 1] = v.y;
+    words[4 * l + 2] = v.z;
+    words[4 * l + 3] = v.w;
+  }
+}
+
+// ---- memory.WeightStageBulk(group_params=('b_scale',))
+// memory: a stage's packed weights and b_scale rows global -> shared by one producer thread
+// with bulk copies. The weight layout (humming_gen.schemes.packing, 128-row layout blocks of 64-k slices) keeps
+// the kSlicesPerStage slices of one layout block contiguous: one copy per layout block of the tile. Blocks past
+// kNPad (the last tile of a layer whose N is not a multiple of kBlockN) are not copied; nothing stores their rows.
+constexpr int kLayoutBlocks = cfg::kBlockN / 128;
+
+__device__ __forceinline__ int valid_layout_blocks(int n0) { return min(kLayoutBlocks, (cfg::kNPad - n0) / 128); }
+
+// Transaction bytes of one stage of the tile at n0.
+__device__ __forceinline__ int weight_stage_bytes(int n0) {
+  const int blocks = valid_layout_blocks(n0);
+  return blocks * cfg::kSlicesPerStage * cfg::kBSliceBytes + 1 * cfg::kGroupRows * blocks * 128 * 2;
+}
+
+__device__ __forceinline__ void load_weight_stage(u32 smem_stage, const Params& p, int n0, int kt, u32 full) {
+  const int blocks = valid_layout_blocks(n0);
+  const char* b = static_cast<const char*>(p.b);
+  for (int i = 0; i < blocks; ++i) {
+    const long long slice = (long long)(n0 / 128 + i) * cfg::kSlicesPerN + kt * cfg::kSlicesPerStage;
+    bulk_copy(smem_stage + cfg::kAStageBytes + i * cfg::kSlicesPerStage * cfg::kBSliceBytes,
+              b + slice * cfg::kBSliceBytes, cfg::kSlicesPerStage * cfg::kBSliceBytes, full);
+  }
+  for (int r = 0; r < cfg::kGroupRows; ++r) {
+    const u16* rows = static_cast<const u16*>(p.b_scale) + (long long)(kt * cfg::kGroupRowsPerKTile / cfg::kKTilesPerGroup + r) * cfg::kNPad + n0;
+    bulk_copy(smem_stage + cfg::kBScaleOffset + r * cfg::kBlockN * 2, rows, blocks * 128 * 2, full);
+  }
+}
+
+// ---- memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
+// memory: per-group b_scale of a stage in shared memory (rows of kBlockN bfloat16, permuted 0,8,1,9,.. in
+// each 16-row tile) -> registers: a thread reads its (row g, row g+8)
+// pair with one 4-byte load and broadcasts each half into a bfloat16 pair.
+// (row g, row g+8) values of n tile `n16` in group row `row`, each broadcast to both lanes.
+__device__ __forceinline__ void load_group_pair(u32& lo, u32& hi, const u16* smem_stage, int row, int n16) {
+  const u32 both = *reinterpret_cast<const u32*>(smem_stage + row * cfg::kBlockN + n16 * 16 + 2 * ((threadIdx.x % 32) / 4));
+  lo = prmt(both, both, 0x1010u);
+  hi = prmt(both, both, 0x3232u);
+}
+
+// ======================================== mma
+
+// ---- mma.WgmmaRS(dtype='bfloat16', n=176)
+// mma: warpgroup MMA m64n176k16, bfloat16 inputs, fp32 accumulators. A (64 weight rows x 16 k) comes from
+// registers: warp w of the warpgroup holds rows 16w..16w+15 as an mma.sync m16n8k16 A fragment. B (16 k x
+// 176 tokens) is read from shared memory through a descriptor (K-major, 128-byte swizzle). The accumulator of
+// warp w: d[j][0..1] = (row 16w + g, tokens 8j + 2t, +1), d[j][2..3] = row 16w + g + 8; g = lane / 4, t = lane % 4.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
+
+// Keeps the compiler from moving accumulator reads and writes across the asynchronous MMA.
+__device__ __forceinline__ void fence_accumulators(float (&d)[cfg::kWarpMTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < cfg::kWarpMTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
+}
+
+// d (+)= A * B; accumulate = 0 starts from zero.
+__device__ __forceinline__ void wgmma_m64n176k16(float (&d)[cfg::kWarpMTiles][4], const u32 (&a)[4],
+                                                   unsigned long long b_desc, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %93, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, {%88, %89, %90, %91}, %92, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// ======================================== schedule
+
+// ---- schedule.PersistentSchedule(split_k=1)
+// schedule: persistent grid. Each CTA walks units blockIdx.x, blockIdx.x + gridDim.x, ... of the problem; a unit
+// is an output tile. Tiles go n-fastest, so the CTAs in flight share activation rows
+// in L2 while the weights (read by every m tile) stay there.
+struct TileCoord {
+  int n0, m0, kt_begin, kt_end;
+};
+__device__ __forceinline__ int unit_count(int m) {
+  return cfg::kNTiles * ((m + cfg::kBlockM - 1) / cfg::kBlockM);
+}
+__device__ __forceinline__ TileCoord unit_coord(int unit) {
+  return TileCoord{unit % cfg::kNTiles * cfg::kBlockN, unit / cfg::kNTiles * cfg::kBlockM, 0, cfg::kKTiles};
+}
+
+// ======================================== epilogue
+
+// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
+// epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc).
+// Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
+__device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,
+                                             int n_base, int m_base) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  u16* c = static_cast<u16*>(p.c);
+#pragma unroll
+  for (int nt = 0; nt < cfg::kWarpNTiles; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int n = n_base + nt * 16 + g + 8 * half;
+      if (n >= cfg::kN) continue;
+#pragma unroll
+      for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int m = m_base + mt * 8 + 2 * t + j;
+          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j]);
+        }
+      }
+    }
+  }
+}
+
+// ======================================== pipeline
+
+// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws', block_m=176, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+// pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
+// their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
+// completes when both have landed. Consumer warpgroup g (1..kConsumerWarpgroups) multiplies n tiles
+// [g - 1, g) x kWgTiles of every 64-row warp slice: its warp w dequantizes those tiles of slice w in registers
+// (the standard pipeline's layout and numeric components) and feeds each as the register A operand of one
+// wgmma m64n176k16, the tokens on N (swap-AB). Dequantization of k16 step s + 1 overlaps the wgmmas of step s
+// (wgmma.wait_group 1); a warp releases a stage through its empty mbarrier once the wgmmas reading it have
+// retired. The grid is persistent and the ring's (stage, phase) runs on across units, so the producer fills
+// the next unit's stages while the consumers finish a tile.
+struct Ring {
+  u32 smem, full_bars, empty_bars;
+  unsigned char* smem_ptr;
+  __device__ __forceinline__ u32 stage(int s) const { return smem + s * cfg::kStageBytes; }
+  __device__ __forceinline__ const unsigned char* stage_ptr(int s) const { return smem_ptr + s * cfg::kStageBytes; }
+};
+
+__device__ __forceinline__ void produce(const Params& p, const Ring& ring, int units) {
+  int stage = 0, phase = 0;
+  bool waited = false;
+#pragma unroll 1
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const TileCoord tc = unit_coord(unit);
+#pragma unroll 1
+    for (int kt = tc.kt_begin; kt < tc.kt_end; ++kt) {
+      mbarrier_wait(ring.empty_bars + 8 * stage, phase ^ 1);
+      const u32 full = ring.full_bars + 8 * stage;
+      if (threadIdx.x == 0) {  // weights are written by no kernel: fetched before the wait for the previous grid
+        mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0));
+        load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
+      }
+      if (!waited) {
+        wait_for_previous_grid();  // activations may come from the previous kernel
+        waited = true;
+      }
+      load_a_stage(ring.stage(stage), static_cast<const u16*>(p.a), p.lda, p.m, tc.m0, kt * cfg::kBlockK);
+      cp_async_arrive_noinc(full);
+      if (++stage == cfg::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  allow_next_grid();  // the next kernel may start its weight prefetch once SMs free up
+}
+
+// Consumer warpgroup kWg: n tiles kWg * kWgTiles .. + kWgTiles of every warp slice (a compile-time choice, so
+// each warpgroup runs its own copy of the loop and every register index stays static).
+template <int kWg>
+__device__ __forceinline__ void consume(const Params& p, const Ring& ring, int units) {
+  constexpr int kTile0 = kWg * cfg::kWarpNTiles;
+  const int w = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // Warp w reads 64-row slice w of the tile: layout block w / 2, slice warp w % 2 (humming_gen.schemes.packing).
+  const int b_warp_word = (w / 2) * cfg::kSlicesPerStage * (cfg::kBSliceBytes / 4) + (w % 2) * cfg::kBWarpSliceWords;
+  float acc[cfg::kWarpNTiles][cfg::kWarpMTiles][4];
+  u32 frag[2][cfg::kWarpNTiles][4];  // double buffer: step s + 1 is dequantized while step s multiplies
+  u32 words[kChunkWords];
+  int stage = 0, phase = 0;
+  u32 scale_lo[cfg::kWarpNTiles], scale_hi[cfg::kWarpNTiles];
+
+  // Codes of 64-k chunk `slice` of the stage -> registers.
+  auto load_words = [&](int s, int slice) {
+    load_b_chunk(words, reinterpret_cast<const u32*>(ring.stage_ptr(s) + cfg::kAStageBytes) + b_warp_word +
+                            slice * (cfg::kBSliceBytes / 4), 0);
+  };
+  auto b_scale_stage = [&](int s) { return reinterpret_cast<const u16*>(ring.stage_ptr(s) + cfg::kBScaleOffset); };
+  // The stage lies inside one group: its rows' group parameters are read once per stage.
+  auto load_stage_params = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < cfg::kWarpNTiles; ++i) {
+      load_group_pair(scale_lo[i], scale_hi[i], b_scale_stage(s), 0, w * 4 + kTile0 + i);
+    }
+  };
+  // Dequantize k16 step `step` (of the chunk held in `words`) into frag[buf]: chunk tile (step % 4, n tile) is
+  // the mma.sync A fragment of rows 16 n .. 16 n + 15 of the warp's slice, which is also warp w's part of the
+  // m64 wgmma A operand.
+  auto dequantize = [&](int buf, int s, int step) {
+#pragma unroll
+    for (int i = 0; i < cfg::kWarpNTiles; ++i) {
+      const u32 scale_lo_i = scale_lo[i], scale_hi_i = scale_hi[i];
+      const int tile = (step % 4) * 4 + kTile0 + i;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        frag[buf][i][r] = dequant_pair(extract_code_pair(words, 4 * tile + r),
+                                       r % 2 ? scale_hi_i : scale_lo_i);
+      }
+    }
+  };
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(ring.empty_bars + 8 * s);
+  };
+  auto wait_stage = [&](int s, int ph) {
+    mbarrier_wait(ring.full_bars + 8 * s, ph);
+    fence_async_shared();  // the activations landed through cp.async (generic proxy); wgmma reads them (async proxy)
+  };
+
+#pragma unroll 1
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const TileCoord tc = unit_coord(unit);
+    const int iters = tc.kt_end - tc.kt_begin;
+    wait_stage(stage, phase);
+    load_words(stage, 0);
+    load_stage_params(stage);
+    dequantize(0, stage, 0);
+    int previous = stage;
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it) {
+      const u32 a_stage = ring.stage(stage);
+#pragma unroll
+      for (int step = 0; step < cfg::kStepsPerStage; ++step) {
+        const int buf = step % 2;
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < cfg::kWarpNTiles; ++i)
+          wgmma_m64n176k16(acc[i], frag[buf][i], a_step_descriptor(a_stage, step), it > 0 || step > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // the wgmmas of the previous step have retired: its buffer and stage may be reused
+        if (step == 0 && it > 0) release(previous);
+        if (step + 1 < cfg::kStepsPerStage) {
+          if ((step + 1) % 4 == 0) load_words(stage, (step + 1) / 4);
+          dequantize(buf ^ 1, stage, step + 1);
+        } else if (it + 1 < iters) {
+          const int next = stage + 1 == cfg::kStages ? 0 : stage + 1;
+          wait_stage(next, next == 0 ? phase ^ 1 : phase);
+          load_words(next, 0);
+          load_stage_params(next);
+          dequantize(0, next, 0);
+        }
+      }
+      previous = stage;
+      if (++stage == cfg::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < cfg::kWarpNTiles; ++i) fence_accumulators(acc[i]);
+    release(previous);
+
+    store_output(acc, p, tc.n0 + w * 64 + kTile0 * 16, tc.m0);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // 128-byte swizzled operands need 1024-byte alignment; the launch asks for kSmemAlign spare bytes.
+  Ring ring;
+  ring.smem = (smem_address(smem_raw) + cfg::kSmemAlign - 1) & ~(cfg::kSmemAlign - 1);
+  ring.smem_ptr = smem_raw + (ring.smem - smem_address(smem_raw));
+  ring.full_bars = ring.smem + cfg::kStages * cfg::kStageBytes;
+  ring.empty_bars = ring.full_bars + cfg::kStages * 8;
+  const int units = unit_count(p.m);
+
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < cfg::kStages; ++s) {
+      mbarrier_init(ring.full_bars + 8 * s, cfg::kProducerThreads + 1);  // each producer thread's cp.async + expect_tx
+      mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerWarps);       // lane 0 of every consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    registers_decrease<cfg::kProducerRegisters>();
+    produce(p, ring, units);
+    return;
+  }
+  registers_increase<cfg::kConsumerRegisters>();
+  if (warpgroup == 1)
+    consume<0>(p, ring, units);
+  else
+    consume<1>(p, ring, units);
+}
+
+}  // namespace hg
