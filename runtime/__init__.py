@@ -13,6 +13,7 @@ from humming_gen.runtime.cache import (
 )
 from humming_gen.runtime.compile import (
     ARCHS,
+    CompileCancelled,
     CompiledKernel,
     CompileError,
     CompilerUnavailableError,
@@ -25,6 +26,7 @@ from humming_gen.runtime.module import LoadedKernel, load
 __all__ = [
     "ARCHS",
     "CacheKey",
+    "CompileCancelled",
     "CompileError",
     "CompiledKernel",
     "CompilerUnavailableError",

@@ -6,7 +6,14 @@ else is hashed (no mtimes). A disk entry is a directory ``<kernel-name>-<hash12>
 ``kernel.cu``, ``kernel.cubin``, ``meta.json`` and ``compile.log``; it is built in a temporary directory
 inside the cache directory and renamed into place while holding a per-entry ``flock``, so when several
 processes ask for the same kernel one compiles and the others wait and read its entry. An entry that
-fails its checks (missing cubin, unreadable meta, size or sha256 mismatch) is rebuilt.
+fails its checks (missing cubin, unreadable meta, size or sha256 mismatch, a link or a special file
+where a file should be) is rebuilt. Entry files are opened without following links and without
+blocking, and checked to be regular files of the size ``meta.json`` records before they are read.
+
+After each new entry, ``prune`` removes scratch left by killed processes, old lock files and failed
+sources, and evicts the least recently used entries beyond ``HUMMING_GEN_CACHE_MAX_BYTES``. The
+cache is per user: its directories are private (0700); a directory shared by several users is not
+supported (another user's entries cannot be read, and the cache then works in memory only).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,13 +42,27 @@ import attrs
 
 from humming_gen.runtime import compile as _compile
 from humming_gen.runtime import env
-from humming_gen.runtime.compile import CompiledKernel
+from humming_gen.runtime.compile import CompileCancelled, CompiledKernel
 
 #: Version of the on-disk entry layout; entries of another version are rebuilt.
 ENTRY_FORMAT = 1
 
 #: compile_many shows its progress bar only once it has run this long.
 PROGRESS_DELAY_S = 1.0
+
+#: Largest ``meta.json`` / ``compile.log`` read from an entry; a larger file is no entry of ours.
+MAX_META_BYTES = 1 << 20
+MAX_LOG_BYTES = 64 << 20
+
+#: ``prune``: a ``.tmp-*`` build directory this old was left by a killed process.
+STALE_SCRATCH_S = 3600.0
+#: ``prune``: a lock file unused this long is removed.
+STALE_LOCK_S = 86400.0
+#: ``prune``: failed sources are kept this long.
+FAILED_KEEP_S = 7 * 86400.0
+
+#: How often a thread waiting for another process's entry lock checks its cancel event, in seconds.
+LOCK_POLL_S = 0.05
 
 _ENTRY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{12}\Z")
 
@@ -73,14 +95,71 @@ def make_key(
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive ``flock`` on ``path``: serialises builders of one entry across processes and threads."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _file_lock(path: Path, cancel: threading.Event | None = None) -> Iterator[None]:
+    """Exclusive ``flock`` on ``path``: serialises builders of one entry across processes and threads.
+
+    With ``cancel``, the wait polls so that a cancelled batch does not sit behind another process.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if cancel is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if cancel.is_set():
+                        raise CompileCancelled(f"cancelled while waiting for {path}") from None
+                    time.sleep(LOCK_POLL_S)
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # a lock file's mtime says when it was last used (prune removes old ones)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, link or directory tree without following links (best effort)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: never follows links inside
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _read_regular(dir_fd: int, name: str, max_bytes: int, expected_size: int | None = None) -> bytes:
+    """Read ``name`` in ``dir_fd``: no link followed, no blocking on a FIFO, only a regular file whose
+    size is ``expected_size`` (else at most ``max_bytes``). Anything else raises ``OSError``.
+    """
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{name} is not a regular file")
+        if expected_size is not None and st.st_size != expected_size:
+            raise OSError(f"{name} has {st.st_size} bytes, meta.json says {expected_size}")
+        if st.st_size > max_bytes:
+            raise OSError(f"{name} has {st.st_size} bytes, more than {max_bytes}")
+        data = f.read(st.st_size + 1)  # one byte more shows a file that grew while read
+    if len(data) != st.st_size:
+        raise OSError(f"{name} changed while it was read")
+    return data
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes of the regular files directly in an entry directory (entries hold no subdirectories)."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(path) as it:
+        for child in it:
+            with contextlib.suppress(OSError):
+                total += child.stat(follow_symlinks=False).st_size
+    return total
 
 
 def _sass(cubin_path: Path) -> str | None:
@@ -184,6 +263,7 @@ class KernelCache:
             try:
                 with self._entry_lock(key):
                     self._write_entry(key, compiled, source)
+                self.prune()
             except OSError as exc:
                 self._warn_disk(exc)
 
@@ -200,8 +280,8 @@ class KernelCache:
             return
         for child in self.directory.iterdir():
             scratch = child.name.startswith((".tmp-", ".trash-")) or child.name in (".locks", "failed")
-            if child.is_dir() and (scratch or _ENTRY_NAME.match(child.name)):
-                shutil.rmtree(child, ignore_errors=True)
+            if scratch or _ENTRY_NAME.match(child.name):
+                _remove(child)
 
     # ---- compile through the cache -----------------------------------------------------------------
 
@@ -214,8 +294,12 @@ class KernelCache:
         compiler: str | None = None,
         options: tuple[str, ...] = (),
         debug: bool = False,
+        cancel: threading.Event | None = None,
     ) -> CompiledKernel:
-        """Memory hit -> disk hit -> compile (once across threads and processes) and store."""
+        """Memory hit -> disk hit -> compile (once across threads and processes) and store.
+
+        Once ``cancel`` is set the compile stops and raises ``CompileCancelled``; nothing is stored.
+        """
         key = self.key(source, kernel_name, arch, compiler=compiler, options=options, debug=debug)
         compiled = self._memory.get(key.digest)
         if compiled is not None:
@@ -228,19 +312,21 @@ class KernelCache:
                 return compiled
             if self.disk_enabled:
                 try:
-                    compiled = self._disk_get_or_compile(key, source, kernel_name, arch, compiler, options, debug)
+                    compiled = self._disk_get_or_compile(
+                        key, source, kernel_name, arch, compiler, options, debug, cancel
+                    )
                 except OSError as exc:  # unwritable cache directory: carry on in memory
                     self._warn_disk(exc)
                     compiled = None
             if compiled is None:
-                compiled = self._compile(source, kernel_name, arch, compiler, options, debug)
+                compiled = self._compile(source, kernel_name, arch, compiler, options, debug, cancel)
                 self.misses += 1
             self._memory[key.digest] = compiled
             return compiled
 
     def _disk_get_or_compile(
         self, key: CacheKey, source: str, kernel_name: str, arch: str,
-        compiler: str | None, options: tuple[str, ...], debug: bool,
+        compiler: str | None, options: tuple[str, ...], debug: bool, cancel: threading.Event | None = None,
     ) -> CompiledKernel:
         compiled = self._read_entry(key)  # the common case: no lock needed, entries appear atomically
         if compiled is not None:
@@ -251,26 +337,32 @@ class KernelCache:
                         self.entry_path(key), compiled, source, _compile.resolve_compiler(compiler), options, debug
                     )
             return compiled
-        with self._entry_lock(key):
+        with self._entry_lock(key, cancel):
             compiled = self._read_entry(key)  # another process may have built it while we waited
             if compiled is not None:
                 self.disk_hits += 1
                 return compiled
-            compiled = self._compile(source, kernel_name, arch, compiler, options, debug)
+            compiled = self._compile(source, kernel_name, arch, compiler, options, debug, cancel)
+            if cancel is not None and cancel.is_set():  # finished just as the batch was interrupted
+                raise CompileCancelled(f"the compile of {kernel_name} was cancelled; its result is not stored")
             self.misses += 1
             try:
                 self._write_entry(key, compiled, source)
             except OSError as exc:  # e.g. disk full: the kernel is still good, keep it in memory
                 self._warn_disk(exc)
-            return compiled
+                return compiled
+        with contextlib.suppress(OSError):
+            self.prune()
+        return compiled
 
     def _compile(
-        self, source: str, kernel_name: str, arch: str, compiler: str | None, options: tuple[str, ...], debug: bool
+        self, source: str, kernel_name: str, arch: str, compiler: str | None, options: tuple[str, ...], debug: bool,
+        cancel: threading.Event | None = None,
     ) -> CompiledKernel:
         # Looked up at call time so tests can substitute a fake compiler.
         return _compile.compile_source(
             source, kernel_name, arch, compiler=compiler, options=tuple(options), debug=debug,
-            keep_ptx=env.dump() and self.disk_enabled,
+            keep_ptx=env.dump() and self.disk_enabled, cancel=cancel,
         )
 
     # ---- disk entries ------------------------------------------------------------------------------
@@ -280,33 +372,42 @@ class KernelCache:
             return self._key_locks.setdefault(key.digest, threading.Lock())
 
     @contextlib.contextmanager
-    def _entry_lock(self, key: CacheKey) -> Iterator[None]:
+    def _entry_lock(self, key: CacheKey, cancel: threading.Event | None = None) -> Iterator[None]:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: the cache is per user
         locks = self.directory / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with _file_lock(locks / f"{key.entry_name}.lock"):
+        locks.mkdir(mode=0o700, exist_ok=True)
+        with _file_lock(locks / f"{key.entry_name}.lock", cancel):
             yield
 
     def _read_entry(self, key: CacheKey) -> CompiledKernel | None:
-        """Load and verify a disk entry; None if it is absent or fails any check."""
-        path = self.entry_path(key)
+        """Load and verify a disk entry; None if it is absent or fails any check.
+
+        Nothing is followed or read that is not a regular file inside a real entry directory: a link
+        (to ``/dev/zero``, or an entry directory linked elsewhere), a FIFO or an oversize file makes
+        the entry corrupt, and it is rebuilt.
+        """
         try:
-            meta = json.loads((path / "meta.json").read_text())
-            cubin = (path / "kernel.cubin").read_bytes()
-        except (OSError, ValueError):
+            dir_fd = os.open(self.entry_path(key), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
             return None
         try:
+            meta = json.loads(_read_regular(dir_fd, "meta.json", MAX_META_BYTES))
+            size = meta["cubin_size"]
             if (
                 meta["format"] != ENTRY_FORMAT
                 or meta["key"] != key.digest
-                or meta["cubin_size"] != len(cubin)
-                or meta["cubin_sha256"] != hashlib.sha256(cubin).hexdigest()
+                or type(size) is not int
+                or size <= 0
             ):
                 return None
+            cubin = _read_regular(dir_fd, "kernel.cubin", size, expected_size=size)
+            if meta["cubin_sha256"] != hashlib.sha256(cubin).hexdigest():
+                return None
             try:
-                log = (path / "compile.log").read_text()
-            except OSError:
+                log = _read_regular(dir_fd, "compile.log", MAX_LOG_BYTES).decode(errors="replace")
+            except FileNotFoundError:
                 log = ""
-            return CompiledKernel(
+            compiled = CompiledKernel(
                 kernel_name=meta["kernel_name"],
                 arch=meta["arch"],
                 cubin=cubin,
@@ -316,13 +417,18 @@ class KernelCache:
                 resources={k: int(v) for k, v in meta["resources"].items()},
                 compile_seconds=float(meta["compile_seconds"]),
             )
-        except (KeyError, TypeError, ValueError, AttributeError):
+            with contextlib.suppress(OSError):
+                os.utime(dir_fd)  # the directory's mtime is the entry's last use (prune evicts the oldest)
+            return compiled
+        except (OSError, KeyError, TypeError, ValueError, AttributeError):
             return None
+        finally:
+            os.close(dir_fd)
 
     def _write_entry(self, key: CacheKey, compiled: CompiledKernel, source: str) -> None:
         """Build the entry in a scratch directory, then rename it into place (caller holds the lock)."""
         directory = self.directory
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key.entry_name}-", dir=directory))
         try:
             (tmp / "kernel.cu").write_text(source)
@@ -346,10 +452,10 @@ class KernelCache:
             if env.dump():
                 self._write_dump(tmp, compiled, source, None, (), False)
             final = self.entry_path(key)
-            if final.exists() or final.is_symlink():  # a broken entry: move it away, then delete it
+            if os.path.lexists(final):  # a broken entry (or a link): move it away, then delete it
                 trash = directory / f".trash-{key.entry_name}-{uuid.uuid4().hex[:8]}"
                 os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                _remove(trash)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -368,7 +474,7 @@ class KernelCache:
     ) -> None:
         """HUMMING_GEN_DUMP: PTX and SASS beside the cubin (SASS skipped when no disassembler exists)."""
         ptx_path, sass_path = path / "kernel.ptx", path / "kernel.sass"
-        if not ptx_path.exists():
+        if not os.path.lexists(ptx_path):
             ptx = compiled.ptx
             if ptx is None and compiler is not None:  # a disk hit: the PTX was not kept, so recompile once
                 try:
@@ -379,19 +485,120 @@ class KernelCache:
                 except Exception:  # the dump is best effort, never a reason to fail a load
                     ptx = None
             if ptx is not None:
-                ptx_path.write_text(ptx)
-        if not sass_path.exists():
+                _compile.write_text_no_follow(path, ptx_path.name, ptx)
+        if not os.path.lexists(sass_path):
             sass = _sass(path / "kernel.cubin")
             if sass is not None:
-                sass_path.write_text(sass)
+                _compile.write_text_no_follow(path, sass_path.name, sass)
 
     def _warn_disk(self, exc: OSError) -> None:
         if not self._disk_warned:
             self._disk_warned = True
+            hint = ""
+            if isinstance(exc, PermissionError):
+                hint = (
+                    "; the cache is per user, so a directory another user made cannot be shared: point "
+                    "HUMMING_GEN_CACHE_DIR at a directory of your own"
+                )
             warnings.warn(
-                f"humming_gen: disk cache at {self.directory} is unusable ({exc}); caching in memory only",
+                f"humming_gen: disk cache at {self.directory} is unusable ({exc}); caching in memory only{hint}",
                 RuntimeWarning, stacklevel=3,
             )
+
+    # ---- housekeeping ------------------------------------------------------------------------------
+
+    def prune(self, *, max_bytes: int | None = None, now: float | None = None) -> int:
+        """Tidy the disk cache; returns how many entries were evicted. Runs after each new entry.
+
+        Removes ``.trash-*`` (always), ``.tmp-*`` older than ``STALE_SCRATCH_S`` (left by a killed
+        writer), lock files unused for ``STALE_LOCK_S`` and not held, failed sources older than
+        ``FAILED_KEEP_S``; then, while the entries take more than ``max_bytes`` (default
+        ``HUMMING_GEN_CACHE_MAX_BYTES``; 0: no cap), evicts the least recently used entry (by its
+        directory's mtime, which every disk hit refreshes). Entries being built are skipped.
+        """
+        directory = self.directory
+        if not self.disk_enabled or not directory.is_dir():
+            return 0
+        now = time.time() if now is None else now
+        cap = env.cache_max_bytes() if max_bytes is None else max_bytes
+        entries: list[tuple[float, str, int]] = []  # (last use, name, bytes)
+        with os.scandir(directory) as it:
+            children = list(it)
+        for child in children:
+            try:
+                st = child.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if child.name.startswith(".trash-"):
+                _remove(Path(child.path))
+            elif child.name.startswith(".tmp-"):
+                if now - st.st_mtime > STALE_SCRATCH_S:
+                    _remove(Path(child.path))
+            elif _ENTRY_NAME.match(child.name) and stat.S_ISDIR(st.st_mode):
+                entries.append((st.st_mtime, child.name, _tree_bytes(child.path)))
+        self._prune_locks(directory / ".locks", now)
+        self._prune_failed(directory / "failed", now)
+        if cap <= 0:
+            return 0
+        total = sum(size for _, _, size in entries)
+        evicted = 0
+        for _, name, size in sorted(entries):
+            if total <= cap:
+                break
+            if self._evict(name):
+                total -= size
+                evicted += 1
+        return evicted
+
+    def _evict(self, name: str) -> bool:
+        """Delete entry ``name`` unless another thread or process holds its lock (it is being built)."""
+        locks = self.directory / ".locks"
+        locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            trash = self.directory / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(self.directory / name, trash)
+            except OSError:
+                return False
+            _remove(trash)
+            return True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _prune_locks(locks: Path, now: float) -> None:
+        """Unlink lock files unused for ``STALE_LOCK_S`` that nobody holds (taken while unlinking)."""
+        if not locks.is_dir() or locks.is_symlink():
+            return
+        for child in list(os.scandir(locks)):
+            try:
+                if not child.name.endswith(".lock") or now - child.stat(follow_symlinks=False).st_mtime <= STALE_LOCK_S:
+                    continue
+                fd = os.open(child.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(child.path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _prune_failed(failed: Path, now: float) -> None:
+        """Delete failed sources (and their logs) older than ``FAILED_KEEP_S``."""
+        if not failed.is_dir() or failed.is_symlink():
+            return
+        for child in list(os.scandir(failed)):
+            with contextlib.suppress(OSError):
+                if now - child.stat(follow_symlinks=False).st_mtime > FAILED_KEEP_S:
+                    _remove(Path(child.path))
 
 
 #: The process-wide cache that ``compile_cached`` and ``compile_many`` use by default.
@@ -459,7 +666,8 @@ def compile_many(
     compiles on two cores took about half the serial time in a thread pool), and NVCC runs as a
     subprocess. A progress bar appears on stderr once the batch has run for ``PROGRESS_DELAY_S``.
     If some jobs fail, the others still finish and are cached; the first failure is raised with a
-    note naming how many others failed.
+    note naming how many others failed. An interrupt (Ctrl-C) takes effect at once: queued jobs are
+    cancelled, running nvcc processes killed, and nothing is recorded for an interrupted kernel.
     """
     cache = cache if cache is not None else default_cache
     jobs = list(jobs)
@@ -473,29 +681,41 @@ def compile_many(
     errors: list[BaseException] = []
     bar = _Progress(len(jobs)) if progress else None
     done = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1), thread_name_prefix="humming_gen-compile") as pool:
+    cancel = threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1), thread_name_prefix="humming_gen-compile")
+    try:
         futures = {
-            pool.submit(cache.get_or_compile, source, name, arch, compiler=compiler, options=options, debug=debug): i
+            pool.submit(
+                cache.get_or_compile, source, name, arch, compiler=compiler, options=options, debug=debug,
+                cancel=cancel,
+            ): i
             for i, (source, name, arch) in enumerate(jobs)
         }
         pending = set(futures)
-        try:
-            while pending:
-                finished, pending = concurrent.futures.wait(
-                    pending, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED
-                )
-                for future in finished:
-                    done += 1
-                    exc = future.exception()
-                    if exc is not None:
-                        errors.append(exc)
-                    else:
-                        results[futures[future]] = future.result()
-                if bar is not None:
-                    bar.update(done)
-        finally:
+        while pending:
+            finished, pending = concurrent.futures.wait(
+                pending, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for future in finished:
+                done += 1
+                exc = future.exception()
+                if exc is not None:
+                    errors.append(exc)
+                else:
+                    results[futures[future]] = future.result()
             if bar is not None:
-                bar.close(done)
+                bar.update(done)
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt) or any other escape: queued jobs never start, running nvcc
+        # process groups are killed, a running NVRTC compile has its result dropped, and nothing of
+        # an interrupted kernel is stored. The worker threads finish on their own, within a poll
+        # interval for nvcc (an NVRTC call cannot be stopped midway).
+        cancel.set()
+        raise
+    finally:
+        pool.shutdown(wait=not cancel.is_set(), cancel_futures=True)
+        if bar is not None:
+            bar.close(done)
     if errors:
         first = errors[0]
         if len(errors) > 1:

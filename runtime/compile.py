@@ -7,13 +7,17 @@ knows the GPU. Nothing here touches the CUDA driver, so all of it works on a mac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +65,14 @@ class CompileError(RuntimeError):
 
 class CompilerUnavailableError(RuntimeError):
     """The compiler a target needs is not installed (or does not exist for this machine at all)."""
+
+
+class CompileCancelled(RuntimeError):
+    """A compile was stopped through its ``cancel`` event (an interrupted batch); nothing was recorded."""
+
+
+#: How often a running nvcc is checked for cancellation, in seconds.
+CANCEL_POLL_S = 0.05
 
 
 def _cubin_repr(cubin: bytes) -> str:
@@ -255,18 +267,65 @@ def parse_ptxas_resources(log: str) -> dict[str, dict[str, int]]:
 # compile
 
 
+#: Private per-process directories for failed sources when there is no disk cache, by temp root.
+_private_failed_dirs: dict[str, Path] = {}
+_private_failed_lock = threading.Lock()
+
+
+def _own_dir(path: Path, *, private: bool) -> bool:
+    """Whether ``path`` is a real directory (not a link) owned by this user; ``private``: also mode 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    return not (private and st.st_mode & 0o077)
+
+
 def _failed_source_dir() -> Path:
+    """Where failed sources go: ``<cache>/failed`` (mode 0700), else a private ``mkdtemp`` directory.
+
+    Never a predictable shared path under the system temp dir: another user could create it first or
+    plant links in it. A ``failed`` directory that is a link, or not ours, is not used.
+    """
     if not env.no_cache():
         path = env.cache_dir() / "failed"
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            if os.access(path, os.W_OK):
-                return path
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            if _own_dir(path, private=False):
+                os.chmod(path, 0o700)  # a directory an older version made with the umask's mode
+                if os.access(path, os.W_OK):
+                    return path
         except OSError:
             pass
-    path = Path(tempfile.gettempdir()) / "humming_gen-failed"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    root = tempfile.gettempdir()
+    with _private_failed_lock:
+        path = _private_failed_dirs.get(root)
+        if path is None or not _own_dir(path, private=True):
+            path = Path(tempfile.mkdtemp(prefix="humming_gen-failed-", dir=root))  # 0700, unpredictable name
+            _private_failed_dirs[root] = path
+        return path
+
+
+def write_text_no_follow(directory: Path, name: str, text: str) -> None:
+    """Write ``directory/name`` without following links: a fresh private file renamed over the name."""
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        tmp_name = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def _save_failed_source(source: str, kernel_name: str, log: str) -> Path | None:
@@ -275,8 +334,8 @@ def _save_failed_source(source: str, kernel_name: str, log: str) -> Path | None:
     try:
         directory = _failed_source_dir()
         path = directory / f"{kernel_name}-{digest}.cu"
-        path.write_text(source)
-        path.with_suffix(".log").write_text(log)
+        write_text_no_follow(directory, path.name, source)
+        write_text_no_follow(directory, path.with_suffix(".log").name, log)
         return path
     except OSError:
         return None
@@ -308,7 +367,8 @@ def _nvrtc_check(nvrtc, result, call: str) -> None:
 
 
 def _compile_nvrtc(
-    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str
+    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str,
+    cancel: threading.Event | None = None,
 ) -> tuple[bytes, str, str | None]:
     nvrtc = _nvrtc()
     result, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{kernel_name}.cu".encode(), 0, [], [])
@@ -317,6 +377,8 @@ def _compile_nvrtc(
         opts = [o.encode() for o in options]
         # NVRTC releases the GIL here, so several threads compile in parallel.
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if cancel is not None and cancel.is_set():  # NVRTC cannot be stopped midway: drop its result
+            raise CompileCancelled("the NVRTC compile was cancelled")
         log = _nvrtc_log(nvrtc, prog)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _, text = nvrtc.nvrtcGetErrorString(result)
@@ -340,23 +402,63 @@ def _compile_nvrtc(
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL nvcc and its children (cicc, ptxas): it runs as the leader of its own process group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _run_nvcc(args: list[str], cwd: str, tmpdir: str, cancel: threading.Event | None) -> subprocess.CompletedProcess:
+    """Run nvcc in its own session with ``TMPDIR=tmpdir``; kill its whole group when cancelled or interrupted.
+
+    Its own session keeps a terminal's Ctrl-C away from it (so an interrupted compile is not mistaken
+    for a failed one): whoever interrupts this process kills the group here, within ``CANCEL_POLL_S``.
+    """
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", cwd=cwd,
+        env={**os.environ, "TMPDIR": tmpdir}, start_new_session=True,
+    )
+    try:
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise CompileCancelled("nvcc was stopped: the compile was cancelled")
+            try:
+                out, _ = proc.communicate(timeout=CANCEL_POLL_S)
+                return subprocess.CompletedProcess(args, proc.returncode, out)
+            except subprocess.TimeoutExpired:
+                continue
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
 def _compile_nvcc(
-    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str
+    source: str, kernel_name: str, arch: str, options: tuple[str, ...], keep_ptx: bool, compiler: str,
+    cancel: threading.Event | None = None,
 ) -> tuple[bytes, str, str | None]:
     nvcc = _nvcc_path()
+    # A private directory per compile (0700) that also holds nvcc's intermediates (tmpxft_*, through
+    # TMPDIR), removed afterwards, also when the compile is cancelled or interrupted.
     with tempfile.TemporaryDirectory(prefix="humming_gen-nvcc-") as tmp:
         src = Path(tmp) / f"{kernel_name}.cu"
         out = Path(tmp) / f"{kernel_name}.cubin"
+        scratch = Path(tmp) / "tmp"
+        scratch.mkdir()
         src.write_text(source)
         try:
-            proc = subprocess.run(
-                [nvcc, *options, "-o", str(out), str(src)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", cwd=tmp,
-            )
+            proc = _run_nvcc([nvcc, *options, "-o", str(out), str(src)], tmp, str(scratch), cancel)
         except OSError as exc:
             raise CompilerUnavailableError(f"could not run {nvcc}: {exc}") from exc
         # Name the source as NVRTC does: the temporary path means nothing once it is deleted.
         log = proc.stdout.replace(str(src), src.name)
+        if proc.returncode < 0:  # killed from outside (OOM killer, kill): not the source's fault, keep no copy
+            name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "?"
+            raise CompileError(
+                f"nvcc was killed by signal {-proc.returncode} ({name})\n  kernel: {kernel_name}  arch: {arch}  "
+                f"compiler: {compiler}\n--- compiler log ---\n{log.strip()}",
+                log=log, kernel_name=kernel_name, arch=arch, compiler=compiler,
+            )
         if proc.returncode != 0 or not out.exists():
             raise _fail(f"nvcc failed (exit code {proc.returncode})", source, kernel_name, arch, compiler, log)
         cubin = out.read_bytes()
@@ -364,10 +466,7 @@ def _compile_nvcc(
         if keep_ptx:
             ptx_path = Path(tmp) / f"{kernel_name}.ptx"
             ptx_opts = [o for o in options if o != "-cubin" and not o.startswith("-Xptxas")]
-            proc = subprocess.run(
-                [nvcc, "-ptx", *ptx_opts, "-o", str(ptx_path), str(src)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", cwd=tmp,
-            )
+            proc = _run_nvcc([nvcc, "-ptx", *ptx_opts, "-o", str(ptx_path), str(src)], tmp, str(scratch), cancel)
             ptx = ptx_path.read_text() if proc.returncode == 0 and ptx_path.exists() else None
     return cubin, log, ptx
 
@@ -381,6 +480,7 @@ def compile_source(
     options: tuple[str, ...] = (),
     debug: bool = False,
     keep_ptx: bool = False,
+    cancel: threading.Event | None = None,
 ) -> CompiledKernel:
     """Compile a header-free CUDA source to a cubin for exactly ``arch`` (no cache; see ``cache.py``).
 
@@ -392,10 +492,13 @@ def compile_source(
         options: extra compiler options, appended after the defaults.
         debug: line info and device asserts (also switched on by ``HUMMING_GEN_DEBUG=1``).
         keep_ptx: also return the PTX (for ``HUMMING_GEN_DUMP``).
+        cancel: once set, the compile stops (an nvcc process group is killed; an NVRTC compile, which
+            cannot be stopped midway, has its result dropped) and raises ``CompileCancelled``.
 
     Raises:
         CompileError: the compiler rejected the source (message holds the log and the saved source path).
         CompilerUnavailableError: the compiler is missing, or the target cannot be compiled here.
+        CompileCancelled: ``cancel`` was set; no source was saved.
         ValueError / TypeError: bad arguments.
     """
     if not isinstance(source, str):
@@ -407,9 +510,11 @@ def compile_source(
     full_options = resolve_options(arch, compiler, options, debug)
     version = compiler_version(compiler)
 
+    if cancel is not None and cancel.is_set():
+        raise CompileCancelled(f"the compile of {kernel_name} was cancelled before it started")
     start = time.perf_counter()
     back_end = _compile_nvrtc if compiler == "nvrtc" else _compile_nvcc
-    cubin, log, ptx = back_end(source, kernel_name, arch, full_options, keep_ptx, version)
+    cubin, log, ptx = back_end(source, kernel_name, arch, full_options, keep_ptx, version, cancel)
     seconds = time.perf_counter() - start
 
     if not cubin:

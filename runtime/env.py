@@ -9,14 +9,21 @@ Each switch is read at call time, not at import, so a test or a long-lived proce
 | HUMMING_GEN_DEBUG        | ``1``: line info (-lineinfo) and device asserts kept                 |
 | HUMMING_GEN_NO_CACHE     | ``1``: no disk cache (the in-memory cache still works)               |
 | HUMMING_GEN_DUMP         | ``1``: PTX and SASS written beside each disk cache entry              |
+| HUMMING_GEN_CACHE_MAX_BYTES | disk cache size cap (default 2G; ``0``: no cap), least recently used out |
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 _FALSE = ("", "0", "false", "no", "off")
+
+#: Default size cap of the disk cache (2 GiB).
+DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
+
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 
 
 def _flag(name: str) -> bool:
@@ -49,3 +56,20 @@ def no_cache() -> bool:
 def dump() -> bool:
     """Whether PTX and SASS are written beside each cache entry, for reading the generated code."""
     return _flag("HUMMING_GEN_DUMP")
+
+
+def cache_max_bytes() -> int:
+    """Size cap of the disk cache in bytes (``HUMMING_GEN_CACHE_MAX_BYTES``; 0 means no cap).
+
+    Accepts a number of bytes with an optional K, M, G or T suffix (powers of 1024), e.g. ``500M``.
+    """
+    value = os.environ.get("HUMMING_GEN_CACHE_MAX_BYTES", "").strip()
+    if not value:
+        return DEFAULT_CACHE_MAX_BYTES
+    match = _SIZE.fullmatch(value)
+    if match is None:
+        raise ValueError(
+            f"HUMMING_GEN_CACHE_MAX_BYTES={value!r} is not a size; allowed: a number of bytes with an optional "
+            "K, M, G or T suffix (e.g. 2147483648, 500M, 2G), or 0 for no cap"
+        )
+    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")

@@ -6,10 +6,13 @@ processes, which is what the concurrency test needs.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
+import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -38,11 +41,14 @@ def _fake_compile_source(
     options: tuple[str, ...] = (),
     debug: bool = False,
     keep_ptx: bool = False,
+    cancel: threading.Event | None = None,
 ) -> CompiledKernel:
     assert _CALLS_DIR is not None
     (_CALLS_DIR / f"{os.getpid()}-{uuid.uuid4().hex}").write_text(kernel_name)
     if _DELAY_S:
-        time.sleep(_DELAY_S)
+        time.sleep(_DELAY_S)  # like an NVRTC call: cannot be stopped midway
+    if cancel is not None and cancel.is_set():
+        raise compile_mod.CompileCancelled(f"fake compile of {kernel_name} cancelled")
     if kernel_name in _FAIL_NAMES:
         raise CompileError(f"fake failure of {kernel_name}", log="fake log", kernel_name=kernel_name, arch=arch)
     digest = hashlib.sha256(f"{source}|{arch}|{options}".encode()).digest()
@@ -215,7 +221,35 @@ def _patch_meta(entry: Path, **changes) -> None:
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
+def _replace_with_fifo(entry: Path, name: str) -> None:
+    (entry / name).unlink()
+    os.mkfifo(entry / name)  # reading it would block forever: nobody ever writes to it
+
+
+def _link_cubin_to_dev_zero(entry: Path) -> None:
+    (entry / "kernel.cubin").unlink()
+    (entry / "kernel.cubin").symlink_to("/dev/zero")  # reading it would grow memory without bound
+
+
+def _link_cubin_outside(entry: Path) -> None:  # a good cubin, but outside the cache: must not be read
+    outside = entry.parent.parent / "outside.cubin"
+    (entry / "kernel.cubin").rename(outside)
+    (entry / "kernel.cubin").symlink_to(outside)
+
+
+def _link_entry_outside(entry: Path) -> None:  # a whole good entry, but outside the cache
+    outside = entry.parent.parent / "outside-entry"
+    entry.rename(outside)
+    entry.symlink_to(outside, target_is_directory=True)
+
+
 CORRUPTIONS = {
+    "cubin-fifo": lambda entry: _replace_with_fifo(entry, "kernel.cubin"),
+    "meta-fifo": lambda entry: _replace_with_fifo(entry, "meta.json"),
+    "log-fifo": lambda entry: _replace_with_fifo(entry, "compile.log"),
+    "cubin-link-to-dev-zero": _link_cubin_to_dev_zero,
+    "cubin-link-outside": _link_cubin_outside,
+    "entry-link-outside": _link_entry_outside,
     "truncated-cubin": _truncate_cubin,
     "missing-cubin": lambda entry: (entry / "kernel.cubin").unlink(),
     "sha-mismatch": _flip_cubin_byte,
@@ -228,18 +262,51 @@ CORRUPTIONS = {
 }
 
 
+def _within(seconds: float, fn):
+    """Run ``fn`` in a daemon thread: a hang (a FIFO read) fails the test instead of stalling the suite."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (blocked on a special file?)"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]
+
+
 @pytest.mark.parametrize("corrupt", list(CORRUPTIONS.values()), ids=list(CORRUPTIONS))
 def test_broken_entry_is_rebuilt(calls: Calls, cache_dir: Path, corrupt) -> None:
     good = KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
     entry = _entry(KernelCache(cache_dir))
     corrupt(entry)
-    healed = KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
+    healed = _within(10, lambda: KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80"))
     assert len(calls) == 2
     assert healed.cubin == good.cubin
     again = KernelCache(cache_dir)
     assert again.get_or_compile(SOURCE, "k", "sm_80") == healed
     assert again.disk_hits == 1 and len(calls) == 2  # the rebuilt entry is whole
     assert not [p for p in cache_dir.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+    assert not entry.is_symlink() and not (entry / "kernel.cubin").is_symlink()
+    outside = cache_dir.parent / "outside-entry"
+    if outside.exists():  # healing replaced the link, and left what it pointed at alone
+        assert (outside / "kernel.cubin").read_bytes() == good.cubin
+
+
+def test_dump_never_writes_through_a_planted_link(calls: Calls, cache_dir: Path, monkeypatch, tmp_path) -> None:
+    KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
+    entry = _entry(KernelCache(cache_dir))
+    victim = tmp_path / "victim.ptx"
+    (entry / "kernel.ptx").symlink_to(victim)  # dangling: a write through it would create the victim
+    monkeypatch.setenv("HUMMING_GEN_DUMP", "1")
+    KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")  # a disk hit writes the dump
+    assert not victim.exists()
 
 
 # ---- switches --------------------------------------------------------------------------------------
@@ -339,11 +406,13 @@ def test_compile_many_progress_bar(calls: Calls, cache_dir: Path, monkeypatch, c
 
 
 def test_compile_many_raises_first_failure_after_the_rest(calls: Calls, cache_dir: Path) -> None:
+    """Two kernels of a batch fail: the user gets the first one's own CompileError, with a note on the other."""
     calls.fail("k1", "k3")
     cache = KernelCache(cache_dir)
-    with pytest.raises(CompileError, match="fake failure") as info:
+    with pytest.raises(CompileError, match=r"fake failure of k[13]") as info:
         compile_many(_jobs(5), cache=cache, max_workers=2)
-    assert any("1 other kernel(s)" in note for note in getattr(info.value, "__notes__", []))
+    assert type(info.value) is CompileError and info.value.log == "fake log"
+    assert info.value.__notes__ == ["1 other kernel(s) of this compile_many call also failed"]
     assert len(cache) == 3  # the good ones are cached
 
 
@@ -365,3 +434,86 @@ def test_real_nvrtc_disk_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     elapsed = time.perf_counter() - start
     assert fresh.disk_hits == 1 and loaded == built and loaded.compiler.startswith("nvrtc ")
     assert elapsed < 0.05, f"disk hit took {elapsed * 1e3:.1f} ms"
+
+
+# ---- housekeeping and the size cap -----------------------------------------------------------------
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_new_entry_prunes_scratch_old_locks_and_old_failed_sources(calls: Calls, cache_dir: Path) -> None:
+    KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
+    (cache_dir / ".trash-k-000000000000-dead").mkdir()  # left by a process killed while deleting
+    old_tmp, new_tmp = cache_dir / ".tmp-k-000000000000-old", cache_dir / ".tmp-k-000000000000-new"
+    old_tmp.mkdir()
+    new_tmp.mkdir()  # another process may be building this one right now
+    _age(old_tmp, cache_mod.STALE_SCRATCH_S + 60)
+    locks = cache_dir / ".locks"
+    old_lock, held_lock, new_lock = locks / "old-0.lock", locks / "held-0.lock", locks / "new-0.lock"
+    for lock in (old_lock, held_lock, new_lock):
+        lock.write_text("")
+    _age(old_lock, cache_mod.STALE_LOCK_S + 60)
+    _age(held_lock, cache_mod.STALE_LOCK_S + 60)
+    failed = cache_dir / "failed"
+    failed.mkdir(exist_ok=True)
+    old_failed, new_failed = failed / "old-000000000000.cu", failed / "new-000000000000.cu"
+    old_failed.write_text("")
+    new_failed.write_text("")
+    _age(old_failed, cache_mod.FAILED_KEEP_S + 60)
+    with open(held_lock) as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # someone waits on or holds this lock: it must stay
+        KernelCache(cache_dir).get_or_compile(SOURCE.replace("1.f", "2.f"), "k", "sm_80")  # a new entry
+    assert not (cache_dir / ".trash-k-000000000000-dead").exists()
+    assert not old_tmp.exists() and new_tmp.exists()
+    assert not old_lock.exists() and held_lock.exists() and new_lock.exists()
+    assert not old_failed.exists() and new_failed.exists()
+
+
+def test_size_cap_evicts_least_recently_used(calls: Calls, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sources = {f"k{i}": SOURCE.replace("void k(", f"void k{i}(") for i in range(4)}
+    cache = KernelCache(cache_dir)
+    for name in ("k0", "k1", "k2"):
+        cache.get_or_compile(sources[name], name, "sm_80")
+    entries = {name: cache.entry_path(cache.key(src, name, "sm_80")) for name, src in sources.items()}
+    size = max(cache_mod._tree_bytes(str(entries[name])) for name in ("k0", "k1", "k2"))
+    for age, name in ((400, "k0"), (300, "k1"), (200, "k2")):
+        _age(entries[name], age)
+    assert KernelCache(cache_dir).get_or_compile(sources["k0"], "k0", "sm_80")  # a disk hit: k0 is used again
+    monkeypatch.setenv("HUMMING_GEN_CACHE_MAX_BYTES", str(3 * size + size // 2))
+    cache.get_or_compile(sources["k3"], "k3", "sm_80")  # four entries, room for three
+    assert [entries[n].exists() for n in ("k0", "k1", "k2", "k3")] == [True, False, True, True]
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".trash-")]
+    monkeypatch.setenv("HUMMING_GEN_CACHE_MAX_BYTES", "0")  # no cap
+    assert cache.prune(now=time.time()) == 0
+    assert cache.prune(max_bytes=1) == 3  # everything beyond one byte goes
+
+
+def test_bad_cache_cap_names_the_variable(calls: Calls, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUMMING_GEN_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match=r"HUMMING_GEN_CACHE_MAX_BYTES='lots' is not a size; allowed: .*500M"):
+        KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
+    monkeypatch.setenv("HUMMING_GEN_CACHE_MAX_BYTES", "3M")
+    assert cache_mod.env.cache_max_bytes() == 3 * 1024**2
+
+
+def test_cache_directories_are_private(calls: Calls, cache_dir: Path) -> None:
+    """The cache is per user (README): what it creates, others can neither read nor plant into."""
+    KernelCache(cache_dir).get_or_compile(SOURCE, "k", "sm_80")
+    for path in (cache_dir, cache_dir / ".locks", _entry(KernelCache(cache_dir))):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+
+
+def test_someone_elses_cache_warns_that_the_cache_is_per_user(
+    calls: Calls, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(cache_dir / ".locks" / "k.lock"))
+
+    monkeypatch.setattr(cache_mod, "_file_lock", denied)
+    cache = KernelCache(cache_dir)
+    with pytest.warns(RuntimeWarning, match="memory only; the cache is per user.*HUMMING_GEN_CACHE_DIR"):
+        compiled = cache.get_or_compile(SOURCE, "k", "sm_80")
+    assert cache.get_or_compile(SOURCE, "k", "sm_80") is compiled

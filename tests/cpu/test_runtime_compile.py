@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -91,10 +96,18 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not i
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None]:
+    """Cache and system temp dir inside tmp_path; afterwards the temp dir holds no compiler leftovers."""
     for var in ("HUMMING_GEN_COMPILER", "HUMMING_GEN_DEBUG", "HUMMING_GEN_NO_CACHE", "HUMMING_GEN_DUMP"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HUMMING_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(systmp))  # children (nvcc, python) follow it
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))  # this process follows this
+    yield
+    leftovers = [p.name for p in systmp.iterdir() if not p.name.startswith("humming_gen-failed-")]
+    assert not leftovers, f"left in the system temp dir: {leftovers}"
 
 
 def _check_compiled(kernel: CompiledKernel, arch: str, compiler: str) -> None:
@@ -136,13 +149,59 @@ def test_compile_error_carries_log_and_saved_source(compiler: str, tmp_path) -> 
     assert (err.kernel_name, err.arch) == ("broken", "sm_80")
 
 
-def test_failed_source_goes_to_temp_dir_without_disk_cache(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def _assert_private_dir(path: Path) -> None:
+    st = os.lstat(path)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700, path
+
+
+def test_failed_source_goes_to_a_private_temp_dir_without_disk_cache(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Not the predictable <tmp>/humming_gen-failed another user could create first, or link elsewhere."""
     monkeypatch.setenv("HUMMING_GEN_NO_CACHE", "1")
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    (tmp_path / "systmp" / "humming_gen-failed").symlink_to(attacker, target_is_directory=True)
     with pytest.raises(CompileError) as info:
         compile_source(BROKEN, "broken", "sm_80")
-    assert info.value.source_path is not None
-    assert not info.value.source_path.is_relative_to(tmp_path / "cache")
-    assert info.value.source_path.exists()
+    path = info.value.source_path
+    assert path is not None and path.read_text() == BROKEN
+    assert path.parent.parent == tmp_path / "systmp" and path.parent.name.startswith("humming_gen-failed-")
+    _assert_private_dir(path.parent)
+    assert not list(attacker.iterdir())
+    with pytest.raises(CompileError) as again:  # one private directory per process, reused
+        compile_source(BROKEN.replace("p.n", "p.n "), "broken", "sm_80")
+    assert again.value.source_path is not None and again.value.source_path.parent == path.parent
+    (tmp_path / "systmp" / "humming_gen-failed").unlink()  # the planted link is no leftover of ours
+
+
+def test_failed_source_never_follows_a_planted_link(tmp_path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    failed = tmp_path / "cache" / "failed"
+    failed.mkdir(parents=True)
+    digest = hashlib.sha256(BROKEN.encode()).hexdigest()[:12]
+    (failed / f"broken-{digest}.cu").symlink_to(victim)
+    (failed / f"broken-{digest}.log").symlink_to(victim)
+    with pytest.raises(CompileError) as info:
+        compile_source(BROKEN, "broken", "sm_80")
+    assert victim.read_text() == "precious"
+    path = info.value.source_path
+    assert path == failed / f"broken-{digest}.cu"
+    assert not path.is_symlink() and path.read_text() == BROKEN
+    assert not path.with_suffix(".log").is_symlink()
+    _assert_private_dir(failed)
+
+
+def test_failed_dir_that_is_a_link_is_not_used(tmp_path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "failed").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(CompileError) as info:
+        compile_source(BROKEN, "broken", "sm_80")
+    assert not list(elsewhere.iterdir())
+    path = info.value.source_path
+    assert path is not None and path.read_text() == BROKEN
+    _assert_private_dir(path.parent)
 
 
 def test_missing_entry_function_is_a_compile_error() -> None:
