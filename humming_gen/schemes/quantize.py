@@ -139,6 +139,9 @@ def _quantize_blocks(x: torch.Tensor, bn: int, bk: int, elem: DType, scale_dtype
     """Quantize x (..., N, K) with one scale per (bn, bk) block; leading dims (experts) are independent."""
     x64 = x.to(torch.float64)
     n, k = x64.shape[-2:]
+    # A block longer than the tensor holds the same elements as one of the tensor's length; clamping keeps
+    # `_blocks` from padding a (N, K) weight to (N, group_size) (group_size = 2^25 on a small weight: gigabytes).
+    bn, bk = max(1, min(bn, n)), max(1, min(bk, k))
     blocks = _blocks(x64, bn, bk)
     g = None
     if zero_point is not None:

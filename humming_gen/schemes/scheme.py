@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import torch
 
+from humming_gen.config.limits import MAX_K, MAX_N
 from humming_gen.formats import DType, dtype
 
 if TYPE_CHECKING:  # quantize.py imports this module
@@ -51,6 +52,14 @@ def _block_tuple(value: Any) -> tuple[int, int] | None:
         raise ValueError(f"QuantScheme.block_size must be an int or (bn, bk), got {value!r}") from None
 
 
+def _check_size(field: str, value: Any, limit: int, dim: str) -> None:
+    """A group or block side: a positive int no longer than the largest kernel dimension it divides (a longer
+    one is the same as one scale for the whole dimension, and its generated constants would overflow)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise ValueError(f"{field}: got {value!r}; allowed: an int in [1, {limit}] (the largest {dim} a kernel "
+                         f"indexes, humming_gen/config/limits.py)")
+
+
 @attrs.frozen
 class ActivationScheme:
     """Dynamic quantization of activations (M, K): per token (row), per group of K, or per tensor.
@@ -72,9 +81,7 @@ class ActivationScheme:
         if self.granularity not in ("token", "group", "tensor"):
             raise ValueError(f"ActivationScheme.granularity must be 'token', 'group' or 'tensor', got {self.granularity!r}")
         if self.granularity == "group":
-            if not isinstance(self.group_size, int) or self.group_size <= 0:
-                raise ValueError(f"ActivationScheme.group_size must be a positive int for granularity 'group', "
-                                 f"got {self.group_size!r}")
+            _check_size("ActivationScheme.group_size", self.group_size, MAX_K, "K")
         elif self.group_size is not None:
             raise ValueError(f"ActivationScheme.group_size is only for granularity 'group', got {self.group_size!r} "
                              f"with granularity {self.granularity!r}")
@@ -137,16 +144,16 @@ class QuantScheme:
             raise ValueError(f"QuantScheme.weight must be a format of <= 8 bits, got {self.weight.name} "
                              f"({self.weight.bits} bits)")
         if gran == "group":
-            if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size <= 0:
-                raise ValueError(f"QuantScheme.group_size must be a positive int for granularity 'group', "
-                                 f"got {self.group_size!r}")
+            _check_size("QuantScheme.group_size", self.group_size, MAX_K, "K")
         elif self.group_size is not None:
             raise ValueError(f"QuantScheme.group_size is only for granularity 'group', got group_size="
                              f"{self.group_size!r} with granularity {gran!r}")
         if gran == "block":
-            if self.block_size is None or len(self.block_size) != 2 or min(self.block_size) <= 0:
+            if self.block_size is None or len(self.block_size) != 2:
                 raise ValueError(f"QuantScheme.block_size must be (bn, bk) with positive ints for granularity "
                                  f"'block', got {self.block_size!r}")
+            _check_size("QuantScheme.block_size[0] (bn)", self.block_size[0], MAX_N, "N")
+            _check_size("QuantScheme.block_size[1] (bk)", self.block_size[1], MAX_K, "K")
         elif self.block_size is not None:
             raise ValueError(f"QuantScheme.block_size is only for granularity 'block', got {self.block_size!r} "
                              f"with granularity {gran!r}")

@@ -71,10 +71,10 @@ COMPUTE_FIELD_ERRORS = [
 ]
 
 LAYER_FIELD_ERRORS = [
-    ("n", 0, ValueError, ["LayerConfig.n", "got 0", ">= 1"]),
-    ("n", -4096, ValueError, ["LayerConfig.n", "got -4096", ">= 1"]),
+    ("n", 0, ValueError, ["LayerConfig.n", "got 0", "[1, "]),
+    ("n", -4096, ValueError, ["LayerConfig.n", "got -4096", "[1, "]),
     ("n", 4096.0, TypeError, ["LayerConfig.n", "got 4096.0", "an int"]),
-    ("k", 0, ValueError, ["LayerConfig.k", "got 0", ">= 1"]),
+    ("k", 0, ValueError, ["LayerConfig.k", "got 0", "[1, "]),
     ("scheme", 42, TypeError, ["LayerConfig.scheme", "got 42", "QuantScheme"]),
     ("num_experts", 0, ValueError, ["LayerConfig.num_experts", "got 0", ">= 1"]),
     ("top_k", 0, ValueError, ["LayerConfig.top_k", "got 0", ">= 1"]),
