@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from humming_gen.formats import DType, FloatType, IntType
-from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
+from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme, first_nonfinite
 
 __all__ = ["QuantizedActivation", "element_qmax", "mx_exponent", "quantize_activation", "quantize_weight",
            "round_to_dtype"]
@@ -191,11 +191,19 @@ def quantize_weight(scheme: QuantScheme, w: torch.Tensor) -> QuantizedWeight:
 
     Returns the standard `QuantizedWeight` (uint8 codes, float32 scales / zero points / global scale). Experts
     are quantized independently (per-tensor and global scales become (E,) or (E, 1, 1) tensors).
-    Raises ValueError for other shapes or non-floating inputs.
+    Raises ValueError for other shapes, non-floating inputs and NaN / inf elements (naming the first one).
     """
     if not isinstance(w, torch.Tensor) or not w.dtype.is_floating_point or w.dim() not in (2, 3):
         raise ValueError(f"quantize_weight expects a floating (N, K) or (E, N, K) tensor, got "
                          f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    found = first_nonfinite(w)
+    if found is not None:
+        index, value = found
+        where = "weight[" + ", ".join(str(i) for i in index) + "]"
+        count = int((~torch.isfinite(w)).sum())
+        raise ValueError(f"quantize_weight: {where} is {value} ({count} non-finite element(s) in all); every "
+                         f"weight must be finite: a NaN or inf has no quantized value and would poison its "
+                         f"group's scale")
     if scheme.zero_point is not None and scheme.global_scale:
         raise ValueError("quantize_weight: a global scale together with a zero point has no reference rule")
     n, k = w.shape[-2:]

@@ -244,6 +244,47 @@ class QuantScheme:
         return " ".join(parts)
 
 
+def first_nonfinite(t: torch.Tensor) -> tuple[tuple[int, ...], float] | None:
+    """Index and value of the first NaN / inf element of a float tensor (row-major order), or None."""
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return index, float(t[index])
+
+
+def _index_text(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(i) for i in index) + "]" if index else ""
+
+
+def _check_finite(name: str, t: torch.Tensor | None) -> None:
+    """ValueError naming the first non-finite element of a scale-like tensor."""
+    if t is None or not t.dtype.is_floating_point:
+        return
+    found = first_nonfinite(t)
+    if found is not None:
+        index, value = found
+        raise ValueError(f"QuantizedWeight.{name}{_index_text(index)} is {value}; scales, zero points and global "
+                         f"scales must be finite")
+
+
+def _check_finite_codes(fmt: DType, codes: torch.Tensor) -> None:
+    """ValueError naming the first code that decodes to NaN / inf (fp8 checkpoints can hold them)."""
+    if not fmt.is_float or not fmt.has_nan or fmt.bits > 8:
+        return
+    table = fmt.code_values()
+    bad_codes = [c for c in range(fmt.num_codes) if not math.isfinite(float(table[c]))]
+    masked = codes & ((1 << fmt.bits) - 1)
+    bad = torch.zeros(codes.shape, dtype=torch.bool, device=codes.device)
+    for c in bad_codes:
+        bad |= masked == c
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        code = int(masked[index])
+        raise ValueError(f"QuantizedWeight.codes{_index_text(index)} = {code:#x} is {float(table[code])} in "
+                         f"{fmt.name}; weights must be finite")
+
+
 @attrs.define(eq=False)
 class QuantizedWeight:
     """The standard form of a quantized (N, K) or (E, N, K) weight.
@@ -314,6 +355,11 @@ class QuantizedWeight:
         if self.channel_scale is not None and tuple(self.channel_scale.shape) != lead + (self.n,):
             raise ValueError(f"QuantizedWeight.channel_scale has shape {tuple(self.channel_scale.shape)}, "
                              f"expected {lead + (self.n,)}")
+        # Non-finite values are refused here, where every quantizer and converter meets, so no kernel path
+        # (or its scale-range checks) ever sees one.
+        for name in ("scales", "zero_points", "global_scale", "channel_scale", "input_scale"):
+            _check_finite(name, getattr(self, name))
+        _check_finite_codes(s.weight, self.codes)
 
     def element_values(self) -> torch.Tensor:
         """Decoded element values (float32), before zero points and scales, in stored column order."""
