@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from humming_gen.config.limits import MAX_K, MAX_N
-from humming_gen.formats import DType, dtype
+from humming_gen.formats import DType, dtype, format_spec
 
 if TYPE_CHECKING:  # quantize.py imports this module
     from humming_gen.schemes.quantize import QuantizedActivation
@@ -97,7 +97,7 @@ class ActivationScheme:
         return quantize_activation(self, x)
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype.name, "granularity": self.granularity, "group_size": self.group_size,
+        return {"dtype": format_spec(self.dtype), "granularity": self.granularity, "group_size": self.group_size,
                 "scale_dtype": self.scale_dtype.name, "scale_rule": self.scale_rule,
                 "global_scale": self.global_scale}
 
@@ -211,10 +211,11 @@ class QuantScheme:
         return self.zero_point is None
 
     def to_dict(self) -> dict:
-        return {"weight": self.weight.name, "granularity": self.granularity, "group_size": self.group_size,
+        """JSON form; custom formats are written out in full (`format_spec`), so it replays in any process."""
+        return {"weight": format_spec(self.weight), "granularity": self.granularity, "group_size": self.group_size,
                 "block_size": list(self.block_size) if self.block_size else None,
                 "scale_dtype": self.scale_dtype.name, "zero_point": self.zero_point,
-                "zero_point_dtype": self.zero_point_dtype.name if self.zero_point_dtype else None,
+                "zero_point_dtype": format_spec(self.zero_point_dtype) if self.zero_point_dtype else None,
                 "global_scale": self.global_scale, "scale_rule": self.scale_rule,
                 "activation": self.activation.to_dict() if self.activation else None}
 

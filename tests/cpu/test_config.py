@@ -343,3 +343,19 @@ def test_every_preset_makes_a_layer():
         layer = LayerConfig(4096, 4096, name, num_experts=8, top_k=2)
         assert LayerConfig.from_json(layer.to_json()) == layer
         assert layer.summary().startswith("layer   n=4096 k=4096 experts=8 top_k=2 ")
+
+
+def test_custom_format_config_replays_in_a_fresh_process():
+    """A layer of an unregistered custom format goes to JSON (as in a generated header) and back in a process
+    that never saw the format: the format is written out in full, not by a name only this process knows."""
+    from humming_gen.formats import FloatType
+
+    scheme = QuantScheme(FloatType(2, 2, name="test_replay_e2m2"), group_size=64, scale_dtype="float8e8m0")
+    layer = LayerConfig(n=256, k=512, scheme=scheme)
+    code = ("import json, sys\nfrom humming_gen.config import LayerConfig\n"
+            "layer = LayerConfig.from_json(sys.stdin.read())\nprint(layer.key())\n"
+            "print(json.dumps(layer.scheme.weight.to_dict(), sort_keys=True))")
+    out = subprocess.run([sys.executable, "-c", code], input=layer.to_json(), capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout.splitlines()
+    assert out[0] == layer.key()
+    assert json.loads(out[1]) == scheme.weight.to_dict()
