@@ -15,7 +15,7 @@ import torch
 
 from humming_gen.formats import dtype
 from humming_gen.schemes.converters.bits import pack_nibbles, unpack_nibbles
-from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, f32, named
+from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, config_int, f32, named
 from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
 
 ALGOS = ("NVFP4", "W4A16_NVFP4", "FP8", "MXFP8")
@@ -55,7 +55,7 @@ def convert(t: Tensors, cfg: dict[str, Any], layer_name: str | None = None) -> Q
         check_dtype(t.name("weight"), weight, (torch.uint8,))
         check_dtype(t.name("weight_scale"), scale, (torch.float8_e4m3fn,))
         k = weight.shape[1] * 2
-        group = int(cfg.get("quantization", cfg).get("group_size") or 16)
+        group = config_int(cfg.get("quantization", cfg), "group_size", default=16, where="quantization")
         check_shape(t.name("weight_scale"), scale, (n, -(-k // group)))
         s2 = t.get("weight_scale_2")
         scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e4m3", global_scale=True,
