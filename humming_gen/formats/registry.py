@@ -142,7 +142,9 @@ def _builtin(name: str) -> DType:
         return FloatType(e, mant)
     known = sorted(set(_STANDARD) | set(_REGISTERED))
     raise ValueError(f"unknown dtype {name!r}: expected intB/uintB (B=1..32), floatXeYmZ with X=1+Y+Z, "
-                     f"or one of {known}")
+                     f"one of {known}, or a custom format described in full, e.g. {{'kind': 'float', 'name': "
+                     f"{name!r}, 'exponent_bits': 2, 'mantissa_bits': 2}} (register_dtype registers a name in "
+                     f"this process only)")
 
 
 def torch_dtype_of(d: DType):
