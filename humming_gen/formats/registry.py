@@ -20,7 +20,7 @@ _STANDARD: dict[str, DType] = {
     "float8e4m3": FloatType(4, 3, nan="all_ones", name="float8e4m3"),
     "float8e5m2": FloatType(5, 2, nan="ieee", name="float8e5m2"),
     "float8e8m0": FloatType(8, 0, signed=False, nan="all_ones", subnormals=False, name="float8e8m0"),
-    # Blackwell's hidden E3M4 is fn-style like E4M3FN (FORMATS.md 1.7): the all-ones code is reserved, max +-30;
+    # Blackwell's hidden E3M4 is fn-style like E4M3FN (docs/FORMATS.md 1.7): the all-ones code is reserved, max +-30;
     # a generic reading (max 31) would let quantizers emit a code the hardware does not decode as 31.
 }
 

@@ -4,7 +4,7 @@ Every quantizer here is plain float64 torch math, written for clarity rather tha
 test weights and the activation half of the float64 GEMM oracle. Weights and activations share one core that
 works on rectangular scale blocks (channel = (1, K), group = (1, g), block = (bn, bk), tensor = (N, K)).
 
-Scale rules (FORMATS.md section numbers in brackets):
+Scale rules (docs/FORMATS.md section numbers in brackets):
 - symmetric: `scale = amax / qmax` with `qmax` the largest finite element magnitude (int4: amax / 7, codes
   clamped to [-8, 7]; float4e2m1: amax / 6; float8e4m3: amax / 448). The top code -2^(b-1) of a signed int is
   only reached by clamping, so the format's range is used symmetrically (vLLM/Humming style, not GPTQ's amax/7.5).
@@ -59,7 +59,7 @@ def _exact_log2_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mx_exponent(amax: torch.Tensor, elem: DType, rule: str) -> torch.Tensor:
-    """MX shared exponent e (scale 2^e) of blocks with maximum magnitude `amax` (FORMATS.md 2.1).
+    """MX shared exponent e (scale 2^e) of blocks with maximum magnitude `amax` (docs/FORMATS.md 2.1).
 
     rceil: ceil(log2(amax / max_finite)), never clips (Humming, cuBLAS). floor: floor(log2 amax) - emax (OCP;
     elements above max_finite are clipped). even: amax rounded to the element's precision at its top binade
@@ -243,7 +243,7 @@ class QuantizedActivation:
 
 def quantize_activation(ascheme: ActivationScheme, x: torch.Tensor,
                         static_scale: torch.Tensor | None = None) -> QuantizedActivation:
-    """Quantize activations x (..., K) with `ascheme` (FORMATS.md section 4).
+    """Quantize activations x (..., K) with `ascheme` (docs/FORMATS.md section 4).
 
     static_scale: a checkpoint's per-tensor `input_scale`; it is the global scale when the scheme has one
     (NVFP4), else the per-tensor scale (granularity "tensor" only). None = dynamic, computed from x.

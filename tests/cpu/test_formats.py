@@ -66,7 +66,7 @@ def test_exact_ties_round_to_even_code(name: str) -> None:
 
 
 def test_fp4_documented_midpoints() -> None:
-    # FORMATS.md 1.3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4, >6 saturates.
+    # docs/FORMATS.md 1.3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4, >6 saturates.
     d = dtype("float4e2m1")
     x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -5.0, -0.25])
     assert d.decode(d.encode(x)).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -4.0, -0.0]
@@ -128,7 +128,7 @@ def test_encode_matches_ml_dtypes(name: str) -> None:
 
 def test_e3m4_is_not_ml_dtypes_e3m4() -> None:
     # The contract: float8e3m4 is a generic custom float (every code finite, max 31). Blackwell's hidden
-    # E3M4 reserves the all-ones code (FORMATS.md 1.7, max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
+    # E3M4 reserves the all-ones code (docs/FORMATS.md 1.7, max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
     assert dtype("float8e3m4").max_finite == 31.0
     assert float(ml_dtypes.finfo(ml_dtypes.float8_e3m4).max) == 15.5
 

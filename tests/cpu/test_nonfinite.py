@@ -1,5 +1,5 @@
 """NaN / inf weights: one behaviour for every scheme and every way into the standard form - a ValueError that
-names the first bad element (row, column) and its value (docs/FORMATS.md, "Non-finite values")."""
+names the first bad element (row, column) and its value (docs/FORMATS.md 5)."""
 
 from __future__ import annotations
 

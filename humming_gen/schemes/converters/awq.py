@@ -1,4 +1,4 @@
-"""AWQ (AutoAWQ, GEMM layout) checkpoints <-> the standard form (FORMATS.md 3.2).
+"""AWQ (AutoAWQ, GEMM layout) checkpoints <-> the standard form (docs/FORMATS.md 3.2).
 
 qweight int32 (K, N/8) and qzeros int32 (K/g, N/8) are packed along N with interleaved nibbles: nibble i of word j
 holds output column 8j + ORDER[i], ORDER = [0, 2, 4, 6, 1, 3, 5, 7]. scales (K/g, N). Zeros are stored raw:

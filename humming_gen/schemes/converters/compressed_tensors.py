@@ -1,4 +1,4 @@
-"""compressed-tensors (llm-compressor) checkpoints <-> the standard form (FORMATS.md 3.3).
+"""compressed-tensors (llm-compressor) checkpoints <-> the standard form (docs/FORMATS.md 3.3).
 
 The layer's QuantizationArgs come from the config group whose `targets` match the layer name (`re:` regexes
 and exact names first, module class names such as "Linear" otherwise); `ignore` lists unquantized layers.
@@ -194,12 +194,13 @@ def _fp4(t: Tensors, w: dict[str, Any], act: ActivationScheme | None, fmt: str) 
     n, k = packed.shape[0], packed.shape[1] * 2
     codes = unpack_nibbles(packed)
     if fmt == "mxfp4-pack-quantized":
-        scheme = QuantScheme("float4e2m1", group_size=config_int(w, "group_size", default=32, where="weights"), scale_dtype="float8e8m0",
-                             scale_rule="even", activation=act)
+        group = config_int(w, "group_size", default=32, where="weights")
+        scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e8m0", scale_rule="even",
+                             activation=act)
         check_dtype(t.name("weight_scale"), t.get("weight_scale"), (torch.uint8,))
         return QuantizedWeight(scheme, codes, _scales(t, scheme, n, k))
-    scheme = QuantScheme("float4e2m1", group_size=config_int(w, "group_size", default=16, where="weights"), scale_dtype="float8e4m3",
-                         global_scale=True, activation=act)
+    group = config_int(w, "group_size", default=16, where="weights")
+    scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e4m3", global_scale=True, activation=act)
     check_dtype(t.name("weight_scale"), t.get("weight_scale"), (torch.float8_e4m3fn,))
     g = t.get("weight_global_scale")
     if g.numel() != 1:

@@ -1,4 +1,4 @@
-"""`quant_method: "fp8"` checkpoints <-> the standard form (FORMATS.md 2.3, 3.4).
+"""`quant_method: "fp8"` checkpoints <-> the standard form (docs/FORMATS.md 2.3, 3.4).
 
 Per-tensor: weight e4m3 (N, K), weight_scale fp32 scalar, input_scale fp32 scalar when activation_scheme is
 "static". Block (`weight_block_size` [bn, bk], DeepSeek): weight_scale_inv fp32 (ceil(N/bn), ceil(K/bk)), which

@@ -1,4 +1,4 @@
-"""GPTQ (AutoGPTQ / GPTQModel / optimum) checkpoints <-> the standard form (FORMATS.md 3.1).
+"""GPTQ (AutoGPTQ / GPTQModel / optimum) checkpoints <-> the standard form (docs/FORMATS.md 3.1).
 
 qweight int32 (K*b/32, N) is LSB-first dense along K (3-bit fields straddle words); qzeros int32 (G, N*b/32) the
 same along N; scales (G, N); g_idx (K,) the group of each input channel. v1 checkpoints ("gptq") store zero - 1,

@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt (TensorRT Model Optimizer) checkpoints <-> the standard form (FORMATS.md 2.2, 3.5).
+"""NVIDIA ModelOpt (TensorRT Model Optimizer) checkpoints <-> the standard form (docs/FORMATS.md 2.2, 3.5).
 
 Config: `hf_quant_config.json` ({"producer": ..., "quantization": {"quant_algo": ...}}) or `quant_method:
 "modelopt"` + `quant_algo` in config.json. NVFP4: weight uint8 (N, K/2) low nibble first, weight_scale e4m3
