@@ -1,4 +1,4 @@
-"""Dense benchmark, canonical method of BENCHMARKS.md: L distinct layers (weights several times the L2), the L
+"""Dense benchmark, canonical method of docs/BENCHMARKS.md: L distinct layers (weights several times the L2), the L
 forwards captured in one CUDA graph, replayed 20x with CUDA events, median / L; eager wall time per call;
 numerics against the float64 reference on the same run. Compares cuBLAS bf16 (x @ w.t()) in the same process
 and Humming's HummingLayer when the `humming` package is importable (optional, never a dependency)."""
@@ -17,7 +17,7 @@ import humming_gen as hg
 from humming_gen.reference import reference_gemm
 from humming_side import HummingUnavailable, humming_layers  # bench/ is sys.path[0] when run as a script
 
-COPY_GBPS = 4245.0  # measured H200 device-to-device copy (BENCHMARKS.md)
+COPY_GBPS = 4245.0  # measured H200 device-to-device copy (docs/BENCHMARKS.md)
 FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
            "w3a16-int3-g128": dict(weight="int3", group_size=128),
            "w8a16-int8-channel": dict(weight="int8")}

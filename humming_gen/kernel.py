@@ -217,6 +217,10 @@ def compile(layer_config: LayerConfig, compute_config: ComputeConfig | None = No
     None, or an arch string such as "sm_90a" with no GPU present). Raises ComposeError naming every reason
     the configs cannot be served, CompileError with the compiler log.
     """
+    from humming_gen.config.limits import MAX_M
+    from humming_gen.config.validate import check_int
+
+    check_int("compile", "m", m, lo=1, hi=MAX_M, why="rows the kernel is tuned for; the kernel's m is a 32-bit int")
     tgt = _resolve_target(target)
     compute = compute_config or ComputeConfig()
     if tuning_config is None:

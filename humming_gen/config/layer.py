@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from humming_gen.config.limits import MAX_K, MAX_N
 from humming_gen.config.validate import JsonConfig, check_bool, check_choice, check_int, fail, raise_reasons
 from humming_gen.formats import DType, dtype as _resolve_dtype
 
@@ -77,8 +78,9 @@ class LayerConfig(JsonConfig):
         from humming_gen.schemes import QuantScheme
 
         o = "LayerConfig"
-        check_int(o, "n", self.n, lo=1)
-        check_int(o, "k", self.k, lo=1)
+        check_int(o, "n", self.n, lo=1, hi=MAX_N, why="generated kernels index N with 32-bit ints")
+        check_int(o, "k", self.k, lo=1, hi=MAX_K,
+                  why="the packed-weight stride of a 512-column block must stay below 2^31")
         if not isinstance(self.scheme, QuantScheme):
             fail(o, "scheme", self.scheme, "a QuantScheme, its dict form or a preset name", TypeError)
         check_int(o, "num_experts", self.num_experts, lo=1)

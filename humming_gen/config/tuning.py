@@ -30,6 +30,14 @@ LOADS = ("cp_async", "tma", "tma_multicast")
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
 RASTERS = ("n_major", "m_major")
 MAX_WARPS = 16
+# Every pipeline keeps a ring of `stages` shared-memory buffers: while the MMA loop computes on one stage, the
+# copies of the next ones are in flight, and `cp.async.wait_group stages - 2` waits for the oldest. With one
+# stage the loop would compute on a buffer whose copy has not landed (and wait_group would get -1).
+MIN_STAGES = 2
+MAX_STAGES = 8
+# split_k becomes gridDim.z, and the generated schedule computes `kKTiles * split / kSplitK` in 32-bit ints:
+# kKTiles <= MAX_K / 16 = 2^21 (config/layer.py), so split_k <= 2^9 keeps that product below 2^30.
+MAX_SPLIT_K = 512
 
 
 @attrs.frozen(kw_only=True, hash=False)
@@ -73,11 +81,13 @@ class TuningConfig(JsonConfig):
         check_int(o, "block_k", self.block_k, lo=16, hi=1024, multiple_of=16)
         for name in ("warps_m", "warps_n", "warps_k"):
             check_int(o, name, getattr(self, name), lo=1, hi=MAX_WARPS)
-        check_int(o, "stages", self.stages, lo=1, hi=8)
+        check_int(o, "stages", self.stages, lo=MIN_STAGES, hi=MAX_STAGES,
+                  why="the cp.async ring computes on one stage while the next is copied, so it needs at least 2")
         for name in ("a_load", "b_load", "scale_load"):
             check_choice(o, name, getattr(self, name), LOADS)
         check_int(o, "ctas_per_sm", self.ctas_per_sm, lo=1, hi=4)
-        check_int(o, "split_k", self.split_k, lo=1)
+        check_int(o, "split_k", self.split_k, lo=1, hi=MAX_SPLIT_K,
+                  why="k slices; the schedule's 32-bit tile arithmetic holds up to 512")
         check_bool(o, "stream_k", self.stream_k)
         check_choice(o, "raster", self.raster, RASTERS)
         check_int(o, "cluster_m", self.cluster_m, lo=1, hi=4)

@@ -34,8 +34,8 @@ def check_bool(owner: str, field: str, value: Any) -> None:
 
 
 def check_int(owner: str, field: str, value: Any, *, lo: int | None = None, hi: int | None = None,
-              multiple_of: int | None = None) -> None:
-    """An int (not a bool) in [lo, hi] and, when given, a multiple of `multiple_of`."""
+              multiple_of: int | None = None, why: str | None = None) -> None:
+    """An int (not a bool) in [lo, hi] and, when given, a multiple of `multiple_of`; `why` explains a bound."""
     allowed = "an int"
     if multiple_of is not None:
         allowed = f"a multiple of {multiple_of}"
@@ -45,6 +45,8 @@ def check_int(owner: str, field: str, value: Any, *, lo: int | None = None, hi: 
         allowed += f" >= {lo}"
     elif hi is not None:
         allowed += f" <= {hi}"
+    if why:
+        allowed += f" ({why})"
     if not isinstance(value, int) or isinstance(value, bool):
         fail(owner, field, value, allowed, TypeError)
     if (lo is not None and value < lo) or (hi is not None and value > hi) or (

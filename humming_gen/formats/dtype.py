@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Literal
 
 import attrs
 import torch
 
 NanStyle = Literal["none", "all_ones", "ieee"]
+
+# A format's name becomes part of generated kernel names, of the comment header of the generated source and of
+# cache and lock file names, so it must be a plain identifier: no newline, no path separator, no quote.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_name(name: object, what: str) -> None:
+    """ValueError unless `name` is an identifier-like string of at most 64 characters."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ValueError(f"{what}: got {name!r}; allowed: an identifier-like string of 1..64 characters "
+                         f"(letters, digits, '_', not starting with a digit)")
 
 
 @attrs.frozen
@@ -23,6 +35,10 @@ class DType:
 
     name: str
     bits: int
+
+    def to_dict(self) -> dict:
+        """Every field, enough to rebuild the format in another process (`humming_gen.formats.dtype_from_dict`)."""
+        raise NotImplementedError
 
     @property
     def is_float(self) -> bool:
@@ -98,8 +114,13 @@ class IntType(DType):
 
     def __init__(self, bits: int, signed: bool = True, name: str | None = None):
         _check_bits(bits, 1, 32, "IntType bits")
-        name = name or f"{'int' if signed else 'uint'}{bits}"
+        if name is None:
+            name = f"{'int' if signed else 'uint'}{bits}"
+        check_name(name, "IntType name")
         self.__attrs_init__(name=name, bits=bits, is_signed=bool(signed))
+
+    def to_dict(self) -> dict:
+        return {"kind": "int", "name": self.name, "bits": self.bits, "signed": self.is_signed}
 
     @property
     def signed(self) -> bool:
@@ -173,17 +194,23 @@ class FloatType(DType):
             # The generic name means the generic semantics; anything else gets a distinct, descriptive name.
             name = f"float{bits}e{exponent_bits}m{mantissa_bits}" + ("" if signed else "u")
             if bias != ((1 << (exponent_bits - 1)) - 1 if exponent_bits > 0 else 0):
-                name += f"_bias{bias}"
+                name += f"_bias{bias}" if bias >= 0 else f"_biasm{-bias}"  # m for minus: names are identifiers
             if nan != "none":
                 name += f"_nan{nan.replace('_', '')}"
             if not subnormals:
                 name += "_nosub"
+        check_name(name, "FloatType name")
         self.__attrs_init__(name=name, bits=bits, exponent_bits=exponent_bits, mantissa_bits=mantissa_bits,
                             is_signed=bool(signed), bias=int(bias), nan=nan, subnormals=bool(subnormals))
 
     @property
     def signed(self) -> bool:
         return self.is_signed
+
+    def to_dict(self) -> dict:
+        return {"kind": "float", "name": self.name, "exponent_bits": self.exponent_bits,
+                "mantissa_bits": self.mantissa_bits, "signed": self.is_signed, "bias": self.bias, "nan": self.nan,
+                "subnormals": self.subnormals}
 
     @property
     def is_sign_magnitude_int(self) -> bool:

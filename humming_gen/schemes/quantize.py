@@ -4,7 +4,7 @@ Every quantizer here is plain float64 torch math, written for clarity rather tha
 test weights and the activation half of the float64 GEMM oracle. Weights and activations share one core that
 works on rectangular scale blocks (channel = (1, K), group = (1, g), block = (bn, bk), tensor = (N, K)).
 
-Scale rules (FORMATS.md section numbers in brackets):
+Scale rules (docs/FORMATS.md section numbers in brackets):
 - symmetric: `scale = amax / qmax` with `qmax` the largest finite element magnitude (int4: amax / 7, codes
   clamped to [-8, 7]; float4e2m1: amax / 6; float8e4m3: amax / 448). The top code -2^(b-1) of a signed int is
   only reached by clamping, so the format's range is used symmetrically (vLLM/Humming style, not GPTQ's amax/7.5).
@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from humming_gen.formats import DType, FloatType, IntType
-from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
+from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme, first_nonfinite
 
 __all__ = ["QuantizedActivation", "element_qmax", "mx_exponent", "quantize_activation", "quantize_weight",
            "round_to_dtype"]
@@ -59,7 +59,7 @@ def _exact_log2_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mx_exponent(amax: torch.Tensor, elem: DType, rule: str) -> torch.Tensor:
-    """MX shared exponent e (scale 2^e) of blocks with maximum magnitude `amax` (FORMATS.md 2.1).
+    """MX shared exponent e (scale 2^e) of blocks with maximum magnitude `amax` (docs/FORMATS.md 2.1).
 
     rceil: ceil(log2(amax / max_finite)), never clips (Humming, cuBLAS). floor: floor(log2 amax) - emax (OCP;
     elements above max_finite are clipped). even: amax rounded to the element's precision at its top binade
@@ -139,6 +139,9 @@ def _quantize_blocks(x: torch.Tensor, bn: int, bk: int, elem: DType, scale_dtype
     """Quantize x (..., N, K) with one scale per (bn, bk) block; leading dims (experts) are independent."""
     x64 = x.to(torch.float64)
     n, k = x64.shape[-2:]
+    # A block longer than the tensor holds the same elements as one of the tensor's length; clamping keeps
+    # `_blocks` from padding a (N, K) weight to (N, group_size) (group_size = 2^25 on a small weight: gigabytes).
+    bn, bk = max(1, min(bn, n)), max(1, min(bk, k))
     blocks = _blocks(x64, bn, bk)
     g = None
     if zero_point is not None:
@@ -188,11 +191,19 @@ def quantize_weight(scheme: QuantScheme, w: torch.Tensor) -> QuantizedWeight:
 
     Returns the standard `QuantizedWeight` (uint8 codes, float32 scales / zero points / global scale). Experts
     are quantized independently (per-tensor and global scales become (E,) or (E, 1, 1) tensors).
-    Raises ValueError for other shapes or non-floating inputs.
+    Raises ValueError for other shapes, non-floating inputs and NaN / inf elements (naming the first one).
     """
     if not isinstance(w, torch.Tensor) or not w.dtype.is_floating_point or w.dim() not in (2, 3):
         raise ValueError(f"quantize_weight expects a floating (N, K) or (E, N, K) tensor, got "
                          f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    found = first_nonfinite(w)
+    if found is not None:
+        index, value = found
+        where = "weight[" + ", ".join(str(i) for i in index) + "]"
+        count = int((~torch.isfinite(w)).sum())
+        raise ValueError(f"quantize_weight: {where} is {value} ({count} non-finite element(s) in all); every "
+                         f"weight must be finite: a NaN or inf has no quantized value and would poison its "
+                         f"group's scale")
     if scheme.zero_point is not None and scheme.global_scale:
         raise ValueError("quantize_weight: a global scale together with a zero point has no reference rule")
     n, k = w.shape[-2:]
@@ -232,7 +243,7 @@ class QuantizedActivation:
 
 def quantize_activation(ascheme: ActivationScheme, x: torch.Tensor,
                         static_scale: torch.Tensor | None = None) -> QuantizedActivation:
-    """Quantize activations x (..., K) with `ascheme` (FORMATS.md section 4).
+    """Quantize activations x (..., K) with `ascheme` (docs/FORMATS.md section 4).
 
     static_scale: a checkpoint's per-tensor `input_scale`; it is the global scale when the scheme has one
     (NVFP4), else the per-tensor scale (granularity "tensor" only). None = dynamic, computed from x.

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import torch
 
-from humming_gen.formats import DType, dtype
+from humming_gen.config.limits import MAX_K, MAX_N
+from humming_gen.formats import DType, dtype, format_spec
 
 if TYPE_CHECKING:  # quantize.py imports this module
     from humming_gen.schemes.quantize import QuantizedActivation
@@ -51,6 +52,14 @@ def _block_tuple(value: Any) -> tuple[int, int] | None:
         raise ValueError(f"QuantScheme.block_size must be an int or (bn, bk), got {value!r}") from None
 
 
+def _check_size(field: str, value: Any, limit: int, dim: str) -> None:
+    """A group or block side: a positive int no longer than the largest kernel dimension it divides (a longer
+    one is the same as one scale for the whole dimension, and its generated constants would overflow)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise ValueError(f"{field}: got {value!r}; allowed: an int in [1, {limit}] (the largest {dim} a kernel "
+                         f"indexes, humming_gen/config/limits.py)")
+
+
 @attrs.frozen
 class ActivationScheme:
     """Dynamic quantization of activations (M, K): per token (row), per group of K, or per tensor.
@@ -72,9 +81,7 @@ class ActivationScheme:
         if self.granularity not in ("token", "group", "tensor"):
             raise ValueError(f"ActivationScheme.granularity must be 'token', 'group' or 'tensor', got {self.granularity!r}")
         if self.granularity == "group":
-            if not isinstance(self.group_size, int) or self.group_size <= 0:
-                raise ValueError(f"ActivationScheme.group_size must be a positive int for granularity 'group', "
-                                 f"got {self.group_size!r}")
+            _check_size("ActivationScheme.group_size", self.group_size, MAX_K, "K")
         elif self.group_size is not None:
             raise ValueError(f"ActivationScheme.group_size is only for granularity 'group', got {self.group_size!r} "
                              f"with granularity {self.granularity!r}")
@@ -90,7 +97,7 @@ class ActivationScheme:
         return quantize_activation(self, x)
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype.name, "granularity": self.granularity, "group_size": self.group_size,
+        return {"dtype": format_spec(self.dtype), "granularity": self.granularity, "group_size": self.group_size,
                 "scale_dtype": self.scale_dtype.name, "scale_rule": self.scale_rule,
                 "global_scale": self.global_scale}
 
@@ -137,16 +144,16 @@ class QuantScheme:
             raise ValueError(f"QuantScheme.weight must be a format of <= 8 bits, got {self.weight.name} "
                              f"({self.weight.bits} bits)")
         if gran == "group":
-            if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size <= 0:
-                raise ValueError(f"QuantScheme.group_size must be a positive int for granularity 'group', "
-                                 f"got {self.group_size!r}")
+            _check_size("QuantScheme.group_size", self.group_size, MAX_K, "K")
         elif self.group_size is not None:
             raise ValueError(f"QuantScheme.group_size is only for granularity 'group', got group_size="
                              f"{self.group_size!r} with granularity {gran!r}")
         if gran == "block":
-            if self.block_size is None or len(self.block_size) != 2 or min(self.block_size) <= 0:
+            if self.block_size is None or len(self.block_size) != 2:
                 raise ValueError(f"QuantScheme.block_size must be (bn, bk) with positive ints for granularity "
                                  f"'block', got {self.block_size!r}")
+            _check_size("QuantScheme.block_size[0] (bn)", self.block_size[0], MAX_N, "N")
+            _check_size("QuantScheme.block_size[1] (bk)", self.block_size[1], MAX_K, "K")
         elif self.block_size is not None:
             raise ValueError(f"QuantScheme.block_size is only for granularity 'block', got {self.block_size!r} "
                              f"with granularity {gran!r}")
@@ -204,10 +211,11 @@ class QuantScheme:
         return self.zero_point is None
 
     def to_dict(self) -> dict:
-        return {"weight": self.weight.name, "granularity": self.granularity, "group_size": self.group_size,
+        """JSON form; custom formats are written out in full (`format_spec`), so it replays in any process."""
+        return {"weight": format_spec(self.weight), "granularity": self.granularity, "group_size": self.group_size,
                 "block_size": list(self.block_size) if self.block_size else None,
                 "scale_dtype": self.scale_dtype.name, "zero_point": self.zero_point,
-                "zero_point_dtype": self.zero_point_dtype.name if self.zero_point_dtype else None,
+                "zero_point_dtype": format_spec(self.zero_point_dtype) if self.zero_point_dtype else None,
                 "global_scale": self.global_scale, "scale_rule": self.scale_rule,
                 "activation": self.activation.to_dict() if self.activation else None}
 
@@ -235,6 +243,47 @@ class QuantScheme:
         act = self.activation
         parts.append(f"act={act.dtype.name}/{act.granularity}" if act else "act=16-bit")
         return " ".join(parts)
+
+
+def first_nonfinite(t: torch.Tensor) -> tuple[tuple[int, ...], float] | None:
+    """Index and value of the first NaN / inf element of a float tensor (row-major order), or None."""
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return index, float(t[index])
+
+
+def _index_text(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(i) for i in index) + "]" if index else ""
+
+
+def _check_finite(name: str, t: torch.Tensor | None) -> None:
+    """ValueError naming the first non-finite element of a scale-like tensor."""
+    if t is None or not t.dtype.is_floating_point:
+        return
+    found = first_nonfinite(t)
+    if found is not None:
+        index, value = found
+        raise ValueError(f"QuantizedWeight.{name}{_index_text(index)} is {value}; scales, zero points and global "
+                         f"scales must be finite")
+
+
+def _check_finite_codes(fmt: DType, codes: torch.Tensor) -> None:
+    """ValueError naming the first code that decodes to NaN / inf (fp8 checkpoints can hold them)."""
+    if not fmt.is_float or not fmt.has_nan or fmt.bits > 8:
+        return
+    table = fmt.code_values()
+    bad_codes = [c for c in range(fmt.num_codes) if not math.isfinite(float(table[c]))]
+    masked = codes & ((1 << fmt.bits) - 1)
+    bad = torch.zeros(codes.shape, dtype=torch.bool, device=codes.device)
+    for c in bad_codes:
+        bad |= masked == c
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        code = int(masked[index])
+        raise ValueError(f"QuantizedWeight.codes{_index_text(index)} = {code:#x} is {float(table[code])} in "
+                         f"{fmt.name}; weights must be finite")
 
 
 @attrs.define(eq=False)
@@ -307,6 +356,11 @@ class QuantizedWeight:
         if self.channel_scale is not None and tuple(self.channel_scale.shape) != lead + (self.n,):
             raise ValueError(f"QuantizedWeight.channel_scale has shape {tuple(self.channel_scale.shape)}, "
                              f"expected {lead + (self.n,)}")
+        # Non-finite values are refused here, where every quantizer and converter meets, so no kernel path
+        # (or its scale-range checks) ever sees one.
+        for name in ("scales", "zero_points", "global_scale", "channel_scale", "input_scale"):
+            _check_finite(name, getattr(self, name))
+        _check_finite_codes(s.weight, self.codes)
 
     def element_values(self) -> torch.Tensor:
         """Decoded element values (float32), before zero points and scales, in stored column order."""

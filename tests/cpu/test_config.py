@@ -44,13 +44,15 @@ TUNING_FIELD_ERRORS = [
     ("warps_m", 0, ValueError, ["TuningConfig.warps_m", "got 0", "[1, 16]"]),
     ("warps_n", 17, ValueError, ["TuningConfig.warps_n", "got 17", "[1, 16]"]),
     ("warps_k", 1.0, TypeError, ["TuningConfig.warps_k", "got 1.0", "an int"]),
-    ("stages", 0, ValueError, ["TuningConfig.stages", "got 0", "[1, 8]"]),
-    ("stages", 9, ValueError, ["TuningConfig.stages", "got 9", "[1, 8]"]),
+    ("stages", 0, ValueError, ["TuningConfig.stages", "got 0", "[2, 8]"]),
+    ("stages", 1, ValueError, ["TuningConfig.stages", "got 1", "[2, 8]", "at least 2"]),
+    ("stages", 9, ValueError, ["TuningConfig.stages", "got 9", "[2, 8]"]),
     ("a_load", "ldg", ValueError, ["TuningConfig.a_load", "'ldg'", "'cp_async'", "'tma_multicast'"]),
     ("b_load", None, ValueError, ["TuningConfig.b_load", "None", "'tma'"]),
     ("scale_load", "TMA", ValueError, ["TuningConfig.scale_load", "'TMA'", "'tma'"]),
     ("ctas_per_sm", 5, ValueError, ["TuningConfig.ctas_per_sm", "got 5", "[1, 4]"]),
-    ("split_k", 0, ValueError, ["TuningConfig.split_k", "got 0", ">= 1"]),
+    ("split_k", 0, ValueError, ["TuningConfig.split_k", "got 0", "[1, 512]"]),
+    ("split_k", 513, ValueError, ["TuningConfig.split_k", "got 513", "[1, 512]", "32-bit"]),
     ("stream_k", 1, TypeError, ["TuningConfig.stream_k", "got 1", "True or False"]),
     ("raster", "diagonal", ValueError, ["TuningConfig.raster", "'diagonal'", "'n_major'", "'m_major'"]),
     ("cluster_m", 5, ValueError, ["TuningConfig.cluster_m", "got 5", "[1, 4]"]),
@@ -69,10 +71,10 @@ COMPUTE_FIELD_ERRORS = [
 ]
 
 LAYER_FIELD_ERRORS = [
-    ("n", 0, ValueError, ["LayerConfig.n", "got 0", ">= 1"]),
-    ("n", -4096, ValueError, ["LayerConfig.n", "got -4096", ">= 1"]),
+    ("n", 0, ValueError, ["LayerConfig.n", "got 0", "[1, "]),
+    ("n", -4096, ValueError, ["LayerConfig.n", "got -4096", "[1, "]),
     ("n", 4096.0, TypeError, ["LayerConfig.n", "got 4096.0", "an int"]),
-    ("k", 0, ValueError, ["LayerConfig.k", "got 0", ">= 1"]),
+    ("k", 0, ValueError, ["LayerConfig.k", "got 0", "[1, "]),
     ("scheme", 42, TypeError, ["LayerConfig.scheme", "got 42", "QuantScheme"]),
     ("num_experts", 0, ValueError, ["LayerConfig.num_experts", "got 0", ">= 1"]),
     ("top_k", 0, ValueError, ["LayerConfig.top_k", "got 0", ">= 1"]),
@@ -341,3 +343,19 @@ def test_every_preset_makes_a_layer():
         layer = LayerConfig(4096, 4096, name, num_experts=8, top_k=2)
         assert LayerConfig.from_json(layer.to_json()) == layer
         assert layer.summary().startswith("layer   n=4096 k=4096 experts=8 top_k=2 ")
+
+
+def test_custom_format_config_replays_in_a_fresh_process():
+    """A layer of an unregistered custom format goes to JSON (as in a generated header) and back in a process
+    that never saw the format: the format is written out in full, not by a name only this process knows."""
+    from humming_gen.formats import FloatType
+
+    scheme = QuantScheme(FloatType(2, 2, name="test_replay_e2m2"), group_size=64, scale_dtype="float8e8m0")
+    layer = LayerConfig(n=256, k=512, scheme=scheme)
+    code = ("import json, sys\nfrom humming_gen.config import LayerConfig\n"
+            "layer = LayerConfig.from_json(sys.stdin.read())\nprint(layer.key())\n"
+            "print(json.dumps(layer.scheme.weight.to_dict(), sort_keys=True))")
+    out = subprocess.run([sys.executable, "-c", code], input=layer.to_json(), capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout.splitlines()
+    assert out[0] == layer.key()
+    assert json.loads(out[1]) == scheme.weight.to_dict()

@@ -1,4 +1,4 @@
-"""Converters from the published layouts (FORMATS.md section 3), loading, stacking, fusing, errors and the round
+"""Converters from the published layouts (docs/FORMATS.md section 3), loading, stacking, fusing, errors and the round
 trip of humming_gen's own quantization through every exporter.
 
 Fixtures here are written from the layout descriptions, independently of the converters' bit helpers (python

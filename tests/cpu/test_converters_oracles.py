@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from converter_fixtures import ct_compress, load_file_module, write_checkpoint
+from converter_fixtures import ct_compress, load_file_module, oracle_missing, write_checkpoint
 from humming_gen.schemes.converters import bits, load_layer
 
 pytest.importorskip("compressed_tensors")  # listed in tests/requirements-test.txt; import guard only
@@ -158,7 +158,7 @@ def test_modelopt_nvfp4_matches_modelopt(tmp_path):
     try:
         from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
     except ImportError as e:
-        pytest.skip(f"optional oracle nvidia-modelopt not importable: {e}")
+        oracle_missing(f"optional oracle nvidia-modelopt not importable: {e}")
     torch.manual_seed(0)
     w = torch.randn(64, 128)
     qt, s_b, s2 = NVFP4QTensor.quantize(w, 16)
@@ -179,7 +179,7 @@ def test_ocp_mxfp4_matches_torchao(tmp_path):
     try:
         from torchao.prototype.mx_formats.mx_tensor import MXTensor
     except ImportError as e:
-        pytest.skip(f"optional oracle torchao not importable: {e}")
+        oracle_missing(f"optional oracle torchao not importable: {e}")
     torch.manual_seed(0)
     w = torch.randn(64, 128, dtype=torch.bfloat16)
     mx = MXTensor.to_mx(w, torch.float4_e2m1fn_x2, block_size=32)

@@ -66,7 +66,7 @@ def test_exact_ties_round_to_even_code(name: str) -> None:
 
 
 def test_fp4_documented_midpoints() -> None:
-    # FORMATS.md 1.3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4, >6 saturates.
+    # docs/FORMATS.md 1.3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4, >6 saturates.
     d = dtype("float4e2m1")
     x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -5.0, -0.25])
     assert d.decode(d.encode(x)).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -4.0, -0.0]
@@ -128,7 +128,7 @@ def test_encode_matches_ml_dtypes(name: str) -> None:
 
 def test_e3m4_is_not_ml_dtypes_e3m4() -> None:
     # The issue's contract: float8e3m4 is a generic custom float (every code finite, max 31). Blackwell's hidden
-    # E3M4 reserves the all-ones code (FORMATS.md 1.7, max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
+    # E3M4 reserves the all-ones code (docs/FORMATS.md 1.7, max 30); ml_dtypes float8_e3m4 is IEEE-style (max 15.5).
     assert dtype("float8e3m4").max_finite == 31.0
     assert float(ml_dtypes.finfo(ml_dtypes.float8_e3m4).max) == 15.5
 
@@ -282,3 +282,51 @@ def test_int_encode_rne_and_clamp() -> None:
     assert d.decode(d.encode(x)).tolist() == [0, 2, 2, 0, -2, -2, 7, 7, -8, -8, 7]
     u = dtype("uint3")
     assert u.decode(u.encode(torch.tensor([-1.0, 3.5, 4.5, 9.0]))).tolist() == [0, 4, 4, 7]
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "e2m2\n// injected", "../e2m2", "dir/e2m2", "e2m2.cu", "9lives", "",
+                                 "x" * 65, "e 2", "e2m2'"])
+def test_format_names_are_checked_where_a_format_is_made(bad) -> None:
+    """Names reach kernel names, the source header and cache / lock file names: newlines and path characters
+    are refused by FloatType / IntType themselves, not only by register_dtype."""
+    with pytest.raises(ValueError) as info:
+        FloatType(2, 2, name=bad)
+    assert "FloatType name" in str(info.value) and repr(bad) in str(info.value)
+    with pytest.raises(ValueError, match="IntType name"):
+        IntType(5, name=bad)
+
+
+def test_generated_names_are_identifiers() -> None:
+    assert FloatType(3, 2, bias=-2).name == "float6e3m2_biasm2"
+    assert FloatType(4, 3, nan="all_ones", subnormals=False).name == "float8e4m3_nanallones_nosub"
+
+
+def test_reregistering_a_name_with_another_format_is_refused() -> None:
+    first = register_dtype("test_rereg", FloatType(2, 2))
+    assert register_dtype("test_rereg", FloatType(2, 2)) == first  # the same format again: a no-op
+    with pytest.raises(ValueError, match="'test_rereg' is already registered"):
+        register_dtype("test_rereg", FloatType(3, 1))
+    assert dtype("test_rereg") == first
+
+
+@pytest.mark.parametrize("fmt", [FloatType(2, 2, name="test_e2m2"), IntType(5, signed=False, name="test_u5b"),
+                                 FloatType(3, 2, bias=-2, nan="all_ones", subnormals=False),
+                                 FloatType(0, 4, name="test_sm5")])
+def test_format_description_round_trip(fmt) -> None:
+    from humming_gen.formats import dtype_from_dict, format_spec
+
+    assert dtype_from_dict(fmt.to_dict()) == fmt
+    assert dtype(fmt.to_dict()) == fmt
+    assert format_spec(fmt) == fmt.to_dict()  # not a built-in name: written out in full
+    assert format_spec(dtype("float4e2m1")) == "float4e2m1" and format_spec(dtype("uint4")) == "uint4"
+
+
+def test_format_description_errors() -> None:
+    from humming_gen.formats import dtype_from_dict
+
+    with pytest.raises(ValueError, match="'kind' must be 'int' or 'float'"):
+        dtype_from_dict({"bits": 4})
+    with pytest.raises(ValueError, match=r"unknown keys \['exponent'\]"):
+        dtype_from_dict({"kind": "float", "exponent": 2, "mantissa_bits": 2})
+    with pytest.raises(ValueError, match="FloatType name"):
+        dtype_from_dict({"kind": "float", "exponent_bits": 2, "mantissa_bits": 2, "name": "x\ny"})

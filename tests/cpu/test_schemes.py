@@ -219,7 +219,7 @@ def _mx_block(amax: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("amax, rule, scale, top", [
-    (7.0, "floor", 1.0, 6.0), (7.0, "rceil", 2.0, 8.0), (7.0, "even", 2.0, 8.0),  # FORMATS.md 2.1 example
+    (7.0, "floor", 1.0, 6.0), (7.0, "rceil", 2.0, 8.0), (7.0, "even", 2.0, 8.0),  # docs/FORMATS.md 2.1 example
     (7.9, "floor", 1.0, 6.0), (7.9, "rceil", 2.0, 8.0), (7.9, "even", 2.0, 8.0),
     (6.5, "floor", 1.0, 6.0), (6.5, "rceil", 2.0, 6.0), (6.5, "even", 1.0, 6.0),  # 6.5 < 1.75 * 4: EVEN stays
     (6.0, "rceil", 1.0, 6.0), (6.0, "floor", 1.0, 6.0), (5.0, "rceil", 1.0, 4.0), (5.0, "even", 1.0, 4.0),

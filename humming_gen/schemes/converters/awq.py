@@ -1,4 +1,4 @@
-"""AWQ (AutoAWQ, GEMM layout) checkpoints <-> the standard form (FORMATS.md 3.2).
+"""AWQ (AutoAWQ, GEMM layout) checkpoints <-> the standard form (docs/FORMATS.md 3.2).
 
 qweight int32 (K, N/8) and qzeros int32 (K/g, N/8) are packed along N with interleaved nibbles: nibble i of word j
 holds output column 8j + ORDER[i], ORDER = [0, 2, 4, 6, 1, 3, 5, 7]. scales (K/g, N). Zeros are stored raw:
@@ -14,7 +14,7 @@ import torch
 
 from humming_gen.schemes.converters.bits import pack, unpack
 from humming_gen.schemes.converters.common import (
-    Tensors, check_dtype, check_shape, config_get, f32, named, scale_dtype_name, torch_scale_dtype)
+    Tensors, check_dtype, check_shape, config_get, config_int, f32, named, scale_dtype_name, torch_scale_dtype)
 from humming_gen.schemes.scheme import QuantizedWeight, QuantScheme
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -34,7 +34,7 @@ def _pack_n(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _settings(cfg: dict[str, Any]) -> int:
-    bits = config_get(cfg, "bits", "w_bit")
+    bits = config_int(cfg, "bits", "w_bit")
     if bits != 4:
         raise ValueError(f"AWQ bits must be 4 (the only width AutoAWQ's GEMM packer defines), got {bits!r}")
     version = str(config_get(cfg, "version", default="gemm")).lower()
@@ -42,7 +42,7 @@ def _settings(cfg: dict[str, Any]) -> int:
         raise ValueError(f"AWQ version {version!r} is not supported (only the 'gemm' layout)")
     if not config_get(cfg, "zero_point", default=True):
         raise ValueError("AWQ zero_point=false is not supported: AutoAWQ's GEMM packer never produces it")
-    group_size = int(config_get(cfg, "group_size", "q_group_size", default=-1))
+    group_size = config_int(cfg, "group_size", "q_group_size", default=-1)
     if group_size == 0 or group_size < -1:
         raise ValueError(f"AWQ group_size must be -1 or positive, got {group_size}")
     return group_size

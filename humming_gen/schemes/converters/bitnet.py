@@ -1,4 +1,4 @@
-"""BitNet b1.58 checkpoints (`quant_method: "bitnet"`) <-> the standard form (FORMATS.md 3.7).
+"""BitNet b1.58 checkpoints (`quant_method: "bitnet"`) <-> the standard form (docs/FORMATS.md 3.7).
 
 weight uint8 (N/4, K) packs ternary t in {-1, 0, 1} as t + 1 in 2-bit fields along N in four blocks: bit pair j of
 byte row r holds row j*N/4 + r. weight_scale (1,): `bitlinear` divides by it, `autobitlinear` multiplies. The

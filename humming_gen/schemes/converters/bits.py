@@ -1,6 +1,6 @@
 """Bit packing shared by every converter: LSB-first dense fields in int32 or uint8 words.
 
-One definition (FORMATS.md conventions): element i of a run along `dim` occupies bits [i*b, i*b+b) of the
+One definition (docs/FORMATS.md conventions): element i of a run along `dim` occupies bits [i*b, i*b+b) of the
 little-endian bit string made of consecutive words, so 3-bit fields may straddle two int32 words. Nibble
 packing (two fp4/int4 codes per uint8, low nibble first) is the same rule with 8-bit words.
 """

@@ -115,6 +115,23 @@ def config_get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+def config_int(cfg: Mapping[str, Any], *keys: str, default: Any = None, where: str = "quantization_config") -> Any:
+    """`config_get` for an integer field: a value that is not a whole number raises ValueError naming the field
+    (configs are written by hand and by many tools: "128" and 128.0 are accepted, "garbage" is not)."""
+    for key in keys:
+        if key in cfg and cfg[key] is not None:
+            value = cfg[key]
+            try:
+                number = int(value)
+                ok = not isinstance(value, bool) and (not isinstance(value, float) or value == number)
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{where}.{key}: got {value!r}; allowed: an integer")
+            return number
+    return default
+
+
 def named(prefix: str, tensors: dict[str, torch.Tensor], sep: str = ".") -> dict[str, torch.Tensor]:
     """Local names -> checkpoint names under `prefix` (exporters), the inverse of `Tensors.name`."""
     t = Tensors({}, prefix)

@@ -1,4 +1,4 @@
-"""compressed-tensors (llm-compressor) checkpoints <-> the standard form (FORMATS.md 3.3).
+"""compressed-tensors (llm-compressor) checkpoints <-> the standard form (docs/FORMATS.md 3.3).
 
 The layer's QuantizationArgs come from the config group whose `targets` match the layer name (`re:` regexes
 and exact names first, module class names such as "Linear" otherwise); `ignore` lists unquantized layers.
@@ -18,7 +18,7 @@ import torch
 from humming_gen.formats import dtype
 from humming_gen.schemes.converters.bits import pack, pack_nibbles, unpack, unpack_nibbles
 from humming_gen.schemes.converters.common import (
-    Tensors, check_dtype, check_shape, f32, g_idx_of, group_order, named, offset_to_signed, reciprocal,
+    Tensors, check_dtype, check_shape, config_int, f32, g_idx_of, group_order, named, offset_to_signed, reciprocal,
     scale_dtype_name, torch_scale_dtype)
 from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
 
@@ -75,7 +75,7 @@ def _granularity(w: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"compressed-tensors weight strategy {strategy!r} is not supported; expected one of "
                          f"{STRATEGIES}")
     if strategy in ("group", "tensor_group"):
-        return dict(group_size=int(w["group_size"]))
+        return dict(group_size=config_int(w, "group_size", where="weights"))
     if strategy == "block":
         return dict(block_size=tuple(w["block_structure"]))
     return dict(granularity=strategy)
@@ -126,7 +126,7 @@ def convert(t: Tensors, cfg: dict[str, Any], layer_name: str | None = None) -> Q
 
 
 def _pack_quantized(t: Tensors, w: dict[str, Any], act: ActivationScheme | None) -> QuantizedWeight:
-    bits, sym = int(w["num_bits"]), w.get("symmetric", True)
+    bits, sym = config_int(w, "num_bits", where="weights"), w.get("symmetric", True)
     if w.get("type", "int") != "int" or not 1 <= bits <= 8:
         raise ValueError(f"pack-quantized needs int weights of 1-8 bits, got type {w.get('type')!r} bits {bits}")
     packed, shape = t.get("weight_packed"), t.get("weight_shape")
@@ -156,7 +156,7 @@ def _unpacked(t: Tensors, w: dict[str, Any], act: ActivationScheme | None) -> Qu
     if weight.dim() != 2:
         raise ValueError(f"checkpoint tensor {t.name('weight')!r} must be 2-D (N, K), got {tuple(weight.shape)}")
     n, k = weight.shape
-    bits, typ, sym = int(w["num_bits"]), w.get("type", "int"), w.get("symmetric", True)
+    bits, typ, sym = config_int(w, "num_bits", where="weights"), w.get("type", "int"), w.get("symmetric", True)
     scale_t = t.get("weight_scale")
     gran = _granularity(w)
     scale_dtype = "float8e8m0" if scale_t.dtype == torch.uint8 else scale_dtype_name(scale_t, t.name("weight_scale"))
@@ -189,17 +189,18 @@ def _unpacked(t: Tensors, w: dict[str, Any], act: ActivationScheme | None) -> Qu
 def _fp4(t: Tensors, w: dict[str, Any], act: ActivationScheme | None, fmt: str) -> QuantizedWeight:
     packed = t.get("weight_packed")
     check_dtype(t.name("weight_packed"), packed, (torch.uint8,))
-    if w.get("type") != "float" or int(w.get("num_bits", 0)) != 4:
+    if w.get("type") != "float" or config_int(w, "num_bits", default=0, where="weights") != 4:
         raise ValueError(f"{fmt} needs 4-bit float weights, got {w.get('type')!r} {w.get('num_bits')!r} bits")
     n, k = packed.shape[0], packed.shape[1] * 2
     codes = unpack_nibbles(packed)
     if fmt == "mxfp4-pack-quantized":
-        scheme = QuantScheme("float4e2m1", group_size=int(w.get("group_size") or 32), scale_dtype="float8e8m0",
-                             scale_rule="even", activation=act)
+        group = config_int(w, "group_size", default=32, where="weights")
+        scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e8m0", scale_rule="even",
+                             activation=act)
         check_dtype(t.name("weight_scale"), t.get("weight_scale"), (torch.uint8,))
         return QuantizedWeight(scheme, codes, _scales(t, scheme, n, k))
-    scheme = QuantScheme("float4e2m1", group_size=int(w.get("group_size") or 16), scale_dtype="float8e4m3",
-                         global_scale=True, activation=act)
+    group = config_int(w, "group_size", default=16, where="weights")
+    scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e4m3", global_scale=True, activation=act)
     check_dtype(t.name("weight_scale"), t.get("weight_scale"), (torch.float8_e4m3fn,))
     g = t.get("weight_global_scale")
     if g.numel() != 1:

@@ -1,4 +1,4 @@
-"""`quant_method: "fp8"` checkpoints <-> the standard form (FORMATS.md 2.3, 3.4).
+"""`quant_method: "fp8"` checkpoints <-> the standard form (docs/FORMATS.md 2.3, 3.4).
 
 Per-tensor: weight e4m3 (N, K), weight_scale fp32 scalar, input_scale fp32 scalar when activation_scheme is
 "static". Block (`weight_block_size` [bn, bk], DeepSeek): weight_scale_inv fp32 (ceil(N/bn), ceil(K/bk)), which
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, f32, named
+from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, config_int, f32, named
 from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
 
 _FP8 = {torch.float8_e4m3fn: "float8e4m3", torch.float8_e5m2: "float8e5m2"}
@@ -28,7 +28,9 @@ def convert(t: Tensors, cfg: dict[str, Any]) -> QuantizedWeight:
     codes = weight.view(torch.uint8).contiguous()
     block = cfg.get("weight_block_size")
     if block is not None:
-        bn, bk = (int(v) for v in block)
+        if not isinstance(block, (list, tuple)) or len(block) != 2:
+            raise ValueError(f"quantization_config.weight_block_size: got {block!r}; allowed: [bn, bk]")
+        bn, bk = (config_int({"weight_block_size": v}, "weight_block_size") for v in block)
         ue8m0 = cfg.get("scale_fmt") == "ue8m0"
         act = ActivationScheme("float8e4m3", granularity="group", group_size=bk,
                                scale_dtype="float8e8m0" if ue8m0 else "float32")

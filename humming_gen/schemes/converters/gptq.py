@@ -1,4 +1,4 @@
-"""GPTQ (AutoGPTQ / GPTQModel / optimum) checkpoints <-> the standard form (FORMATS.md 3.1).
+"""GPTQ (AutoGPTQ / GPTQModel / optimum) checkpoints <-> the standard form (docs/FORMATS.md 3.1).
 
 qweight int32 (K*b/32, N) is LSB-first dense along K (3-bit fields straddle words); qzeros int32 (G, N*b/32) the
 same along N; scales (G, N); g_idx (K,) the group of each input channel. v1 checkpoints ("gptq") store zero - 1,
@@ -16,7 +16,7 @@ import torch
 
 from humming_gen.schemes.converters.bits import pack, unpack
 from humming_gen.schemes.converters.common import (
-    Tensors, check_dtype, check_shape, config_get, f32, g_idx_of, group_order, named, offset_to_signed,
+    Tensors, check_dtype, check_shape, config_get, config_int, f32, g_idx_of, group_order, named, offset_to_signed,
     scale_dtype_name, torch_scale_dtype)
 from humming_gen.schemes.scheme import QuantizedWeight, QuantScheme
 
@@ -36,7 +36,7 @@ def _settings(cfg: dict[str, Any]) -> tuple[int, int, bool, bool]:
     pack_dtype = str(cfg.get("pack_dtype") or "int32").replace("torch.", "")
     if pack_dtype != "int32":
         raise ValueError(f"GPTQ pack_dtype {pack_dtype!r} is not supported (only int32 words)")
-    group_size = int(config_get(cfg, "group_size", default=-1))
+    group_size = config_int(cfg, "group_size", default=-1)
     if group_size == 0 or group_size < -1:
         raise ValueError(f"GPTQ group_size must be -1 or positive, got {group_size}")
     return bits, group_size, bool(cfg.get("sym", True)), fmt == "gptq"

@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt (TensorRT Model Optimizer) checkpoints <-> the standard form (FORMATS.md 2.2, 3.5).
+"""NVIDIA ModelOpt (TensorRT Model Optimizer) checkpoints <-> the standard form (docs/FORMATS.md 2.2, 3.5).
 
 Config: `hf_quant_config.json` ({"producer": ..., "quantization": {"quant_algo": ...}}) or `quant_method:
 "modelopt"` + `quant_algo` in config.json. NVFP4: weight uint8 (N, K/2) low nibble first, weight_scale e4m3
@@ -15,7 +15,7 @@ import torch
 
 from humming_gen.formats import dtype
 from humming_gen.schemes.converters.bits import pack_nibbles, unpack_nibbles
-from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, f32, named
+from humming_gen.schemes.converters.common import Tensors, check_dtype, check_shape, config_int, f32, named
 from humming_gen.schemes.scheme import ActivationScheme, QuantizedWeight, QuantScheme
 
 ALGOS = ("NVFP4", "W4A16_NVFP4", "FP8", "MXFP8")
@@ -55,7 +55,7 @@ def convert(t: Tensors, cfg: dict[str, Any], layer_name: str | None = None) -> Q
         check_dtype(t.name("weight"), weight, (torch.uint8,))
         check_dtype(t.name("weight_scale"), scale, (torch.float8_e4m3fn,))
         k = weight.shape[1] * 2
-        group = int(cfg.get("quantization", cfg).get("group_size") or 16)
+        group = config_int(cfg.get("quantization", cfg), "group_size", default=16, where="quantization")
         check_shape(t.name("weight_scale"), scale, (n, -(-k // group)))
         s2 = t.get("weight_scale_2")
         scheme = QuantScheme("float4e2m1", group_size=group, scale_dtype="float8e4m3", global_scale=True,

@@ -1,4 +1,4 @@
-"""OCP MXFP4 checkpoints (`quant_method: "mxfp4"`, gpt-oss) <-> the standard form (FORMATS.md 2.1, 3.6).
+"""OCP MXFP4 checkpoints (`quant_method: "mxfp4"`, gpt-oss) <-> the standard form (docs/FORMATS.md 2.1, 3.6).
 
 gpt-oss stacks experts: `{prefix}_blocks` uint8 (E, N, K/32, 16) and `{prefix}_scales` uint8 (E, N, K/32) (HF
 names; OpenAI's original checkpoints use `{prefix}.blocks` / `{prefix}.scales`). Byte j of block kb holds elements

@@ -1,0 +1,101 @@
+"""The humming-gen command: errors in one line naming the option, custom formats, replayable headers, presets
+that say whether they generate, a --help that does not import torch, --version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from humming_gen import __version__
+from humming_gen.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+E2M2 = {"kind": "float", "name": "e2m2", "exponent_bits": 2, "mantissa_bits": 2}
+CUSTOM_SCHEME = json.dumps({"weight": E2M2, "group_size": 64, "scale_dtype": "float8e8m0"})
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["--scheme-json", "not json"], ["--scheme-json: not valid JSON", "'not json'"]),
+    (["--scheme-json", "[1, 2]"], ["--scheme-json: expected a JSON object, got a JSON list"]),
+    (["--scheme-json", '{"weight": "e2m2"}'], ["--scheme-json: QuantScheme.weight: unknown dtype 'e2m2'",
+                                               "'kind': 'float'"]),
+    (["--scheme-json", '{"weight": "int4", "colour": 1}'], ["--scheme-json:", "colour"]),
+    (["--scheme", "w4a16-nope"], ["--scheme: unknown preset 'w4a16-nope'"]),
+    (["--tuning", "{"], ["--tuning: not valid JSON"]),
+    (["--tuning", '{"block_m": 16, "block_n": 128, "block_k": 128, "warps_n": 2, "warps_k": 2, "stages": 1}'],
+     ["--tuning: TuningConfig.stages: got 1", "at least 2"]),
+    (["-o", "/nonexistent/dir/x.cu"], ["-o/--output: cannot write '/nonexistent/dir/x.cu'", "No such file"]),
+])
+def test_emit_errors_are_one_line_naming_the_option(capsys, argv, fragments):
+    rc, out, err = _run(capsys, "emit", "--n", "4096", "--k", "4096", *argv)
+    assert rc == 2 and out == ""
+    assert err.startswith("humming-gen: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_emit_without_shape_names_the_options(capsys):
+    rc, _, err = _run(capsys, "emit")
+    assert rc == 2 and "--n and --k are required (or --layer-json)" in err
+
+
+def test_emit_custom_format_and_replay_its_header(capsys, tmp_path):
+    """A custom format given in full emits a kernel; the header's layer JSON replays it byte for byte."""
+    first = tmp_path / "first.cu"
+    rc, _, _ = _run(capsys, "emit", "--n", "256", "--k", "512", "--scheme-json", CUSTOM_SCHEME, "-o", str(first))
+    assert rc == 0
+    source = first.read_text()
+    assert "weight=e2m2" in source
+    layer_line = next(line for line in source.splitlines() if line.startswith("//   layer   "))
+    layer_json = layer_line[len("//   layer   "):]
+    assert json.loads(layer_json)["scheme"]["weight"] == {**E2M2, "signed": True, "bias": 1, "nan": "none",
+                                                          "subnormals": True}
+    rc, out, _ = _run(capsys, "emit", "--layer-json", layer_json)
+    assert rc == 0 and out == source
+
+
+def test_layer_json_excludes_shape_options(capsys):
+    rc, _, err = _run(capsys, "emit", "--layer-json", "{}", "--n", "4")
+    assert rc == 2 and "leave out --n" in err
+    rc, _, err = _run(capsys, "emit", "--layer-json", "nope")
+    assert rc == 2 and "--layer-json: not valid JSON" in err and err.count("\n") == 1
+
+
+def test_presets_say_which_cannot_be_generated(capsys):
+    rc, out, _ = _run(capsys, "presets")
+    assert rc == 0
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("w")}
+    assert " yes " in lines["w4a16-int4-g128"]
+    assert " no " in lines["w8a8-fp8-channel"] and " no " in lines["w4a4-nvfp4"]
+    assert "quantized activations" in out
+
+
+def test_help_does_not_import_torch_and_version():
+    code = ("import sys\nfrom humming_gen.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert "usage: humming-gen" in result.stdout and f"humming-gen {__version__}" in result.stdout
+    assert result.stdout.strip().endswith("NO-TORCH")
+
+
+@pytest.mark.xfail(strict=True, reason="the suggestion is written by humming_gen/codegen/compose.py, which is "
+                                       "being restructured: it should not suggest float16 on a target that is "
+                                       "refused for every dtype (sm_75 lacks cp.async)")
+def test_sm75_bf16_does_not_suggest_a_refused_combination(capsys):
+    rc, _, err = _run(capsys, "emit", "--n", "4096", "--k", "4096", "--target", "sm_75")
+    assert rc == 2
+    if "use float16" in err:
+        rc16, _, _ = _run(capsys, "emit", "--n", "4096", "--k", "4096", "--target", "sm_75", "--dtype", "float16")
+        assert rc16 == 0, "the error suggested float16 activations, which are refused as well"
