@@ -3,7 +3,9 @@
 Outputs are poisoned (NaN) before every launch; inputs are fresh random values. One layer is built per
 (format, granularity, dtype, shape) case and run at every M of the bucket list, so all M buckets (and with
 them split-K and the in-CTA k reduction) are exercised. Tolerances are relative Frobenius errors; a kernel that
-mixes up fragments or scales misses them by orders of magnitude.
+mixes up fragments or scales misses them by orders of magnitude. Every output is also held to the per-element
+bound of numerics_check (|y - y_ref| against u |y_ref| + the kernel's weight rounding + 2^-6 eps |x| |W|), and each
+case runs the negative control: one scale entry doubled in a copy of the prepared weight must fail that bound.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import humming_gen as hg
 from humming_gen.formats import FloatType, IntType, register_dtype
 from humming_gen.reference import reference_gemm
+from numerics_check import check_elementwise, elementwise_bound, emulate_prepared_weight, plant_wrong_scale
 
 pytestmark = pytest.mark.gpu
 
@@ -99,6 +102,8 @@ def run_case(kwargs, dtype, n, k, bias_on, m_values=M_VALUES):
     bias = (torch.randn(n, device="cuda") * 0.1).to(dtype) if bias_on else None
     layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
     errors = {}
+    w_ref = qw.dequantize(torch.float64)
+    w_kernel = emulate_prepared_weight(layer.kernel_for(1).plan, qw, layer.weight)
     for m in m_values:
         x = torch.randn(m, k, device="cuda").to(dtype)
         kernel = layer.kernel_for(m)
@@ -110,6 +115,14 @@ def run_case(kwargs, dtype, n, k, bias_on, m_values=M_VALUES):
         via_forward = layer(x)
         assert torch.isfinite(out).all(), f"m={m}: non-finite output (poison left or overflow)"
         assert torch.equal(via_forward, out), f"m={m}: forward() and a direct launch disagree"
+        bound = elementwise_bound(x, w_ref, w_kernel, ref, dtype, dtype, bias)
+        report = check_elementwise(out, ref, bound)
+        assert report.ok, f"m={m}: {report} (relative Frobenius error {err:.3g})"
+    # negative control at the largest m: a doubled scale entry must fail the same bound
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    a, _, _, b = _launch_args(layer, x, out)
+    kernel.launch(a, plant_wrong_scale(layer.weight), out, b)
+    assert not check_elementwise(out, ref, bound).ok, "negative control: a doubled scale entry passes the bound"
     return errors
 
 
