@@ -56,30 +56,30 @@ def emulate_prepared_weight(plan: KernelPlan, qw: QuantizedWeight, pw: PreparedW
     n, k = qw.n, qw.k
     conv = select_converter(qw.scheme.weight, dt)
     bits = qw.scheme.weight.bits
-    codes = unpack_codes(pw.b, plan.b_layout, plan.n_pad, plan.k_pad)[:n, :k].long()
+    codes = unpack_codes(pw.b, plan.layout.b_layout, plan.layout.n_pad, plan.layout.k_pad)[:n, :k].long()
     table = torch.tensor([conv.emulate(c) for c in range(1 << bits)], dtype=torch.float64, device=codes.device)
     x = table[codes]
-    bias = plan.converter_bias
+    bias = plan.layout.converter_bias
     g = plan.group
     if g is None:
         assert pw.b_scale is None and pw.b_zero is None
-        w = x - (bias + plan.code_offset)
+        w = x - (bias + plan.layout.code_offset)
     else:
         rows = torch.arange(k, device=codes.device) // g.group_size
-        assert tuple(pw.b_scale.shape) == (g.rows, plan.n_pad)
+        assert tuple(pw.b_scale.shape) == (g.rows, plan.layout.n_pad)
         scale = _unpermute_columns(pw.b_scale.double())[rows, :n].t()
-        if plan.zero_point is None:
+        if plan.layout.zero_point is None:
             assert pw.b_zero is None
-            w = (x - (bias + plan.code_offset)) * scale
+            w = (x - (bias + plan.layout.code_offset)) * scale
         else:
             zero = _unpermute_columns(pw.b_zero.double())[rows, :n].t()
-            if plan.zero_point == "int":  # zero holds -(bias + z)
+            if plan.layout.zero_point == "int":  # zero holds -(bias + z)
                 w = (x + zero) * scale
             else:  # float: zero holds -z * scale
                 w = (x - bias) * scale + zero
         w = w.to(TORCH[dt]).double()  # one rounding (fma) to the compute type
-    if plan.out_scale:
-        assert tuple(pw.out_scale.shape) == (plan.n_pad,) and pw.out_scale.dtype == torch.float32
+    if plan.layout.out_scale:
+        assert tuple(pw.out_scale.shape) == (plan.layout.n_pad,) and pw.out_scale.dtype == torch.float32
         w = w * pw.out_scale.double()[:n, None]
     else:
         assert pw.out_scale is None

@@ -29,7 +29,7 @@ def test_constants_fit_int_at_the_bounds(scheme):
     plan = compose(layer, ComputeConfig(), WIDE, get_target("sm_90a"))
     too_big = {name: value for name, value, _ in plan.constants if not -INT_MAX - 1 <= value <= INT_MAX}
     assert not too_big
-    assert plan.n_pad <= INT_MAX and plan.k_pad <= INT_MAX
+    assert plan.layout.n_pad <= INT_MAX and plan.layout.k_pad <= INT_MAX
 
 
 @pytest.mark.parametrize("field,value,fragments", [

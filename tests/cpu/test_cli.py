@@ -90,9 +90,6 @@ def test_help_does_not_import_torch_and_version():
     assert result.stdout.strip().endswith("NO-TORCH")
 
 
-@pytest.mark.xfail(strict=True, reason="the suggestion is written by humming_gen/codegen/compose.py, which is "
-                                       "being restructured: it should not suggest float16 on a target that is "
-                                       "refused for every dtype (sm_75 lacks cp.async)")
 def test_sm75_bf16_does_not_suggest_a_refused_combination(capsys):
     rc, _, err = _run(capsys, "emit", "--n", "4096", "--k", "4096", "--target", "sm_75")
     assert rc == 2

@@ -329,10 +329,9 @@ def test_error_warp_specialized_on_other_targets_names_the_feature(target: str, 
 
 
 def test_error_warp_specialized_tuning_reasons() -> None:
-    bad = TuningConfig(**{**_WS_TUNING.to_dict(), "block_m": 192, "block_n": 512, "block_k": 256, "stages": 1,
-                          "b_load": "cp_async"})
+    bad = TuningConfig(**{**_WS_TUNING.to_dict(), "block_m": 192, "block_n": 512, "block_k": 256, "b_load": "cp_async"})
     msg = _compose_error(tuning=bad)
-    for needle in ("tuning.block_n=512", "tuning.block_k=256", "tuning.stages=1", "b_load"):
+    for needle in ("tuning.block_n=512", "tuning.block_k=256", "b_load"):
         assert needle in msg, needle
     msg = _compose_error(tuning=TuningConfig(**{**_WS_TUNING.to_dict(), "block_m": 192}))
     assert "tuning.block_m=192" in msg and "176" in msg

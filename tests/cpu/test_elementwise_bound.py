@@ -15,7 +15,7 @@ import torch
 from numerics_check import (check_elementwise, compose, elementwise_bound, emulate_kernel_output,
                             emulate_prepared_weight, plant_wrong_scale, prepare_weight)
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.schemes import QuantScheme
 from humming_gen.targets import get_target
 

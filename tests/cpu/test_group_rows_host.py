@@ -1,5 +1,6 @@
-"""The group-parameter loader of group sizes that are not multiples of 16 (templates/memory/
-group_params_cp_async.cuh.j2: first_group_row, load_group_stage, load_group_pair_at), rendered for real plans
+"""The group-parameter loader and reader of group sizes that are not multiples of 16
+(templates/pipelines/standard/group_params_cp_async.cuh.j2: load_group_stage; templates/memory/
+group_params_shared.cuh.j2: first_group_row, load_group_pair_at), rendered for real plans
 and compiled for the host with g++, with the plan's cfg:: constants.
 
 For every k tile of one n block, every thread runs the stage load (cp.async as a host copy into a shared-memory
@@ -20,7 +21,7 @@ import torch
 from numerics_check import compose, prepare_weight
 from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.schemes import QuantScheme
 from humming_gen.targets import get_target
 
@@ -78,11 +79,12 @@ def _plan(scheme, dtype, tuning, n, k):
 
 def _program(plan, gmem_bits: list[int]) -> str:
     loader = next(c for c in plan.components if type(c).__name__ == "GroupParamsCpAsync")
-    assert loader.arbitrary_groups
-    body = environment().get_template(loader.template).render(**loader.context())
+    reader = next(c for c in plan.components if type(c).__name__ == "GroupParamsShared")
+    assert loader.arbitrary_groups and reader.arbitrary_groups
+    body = "".join(environment().get_template(c.template).render(**c.context()) for c in (loader, reader))
     t = plan.tuning
     cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
-    guard = 2 * plan.n_pad
+    guard = 2 * plan.layout.n_pad
     stage_off = 2 * plan.group.rows_per_stage * t.block_n + 256
     init = ",".join(str(v) for v in gmem_bits)
     return (PRELUDE + f"namespace cfg {{\n{cfg}}}\n{body}\n"
@@ -132,7 +134,7 @@ def test_arbitrary_group_rows_read_the_scheme_scale(case, tmp_path) -> None:
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
     rec = torch.tensor([int(v) for v in out], dtype=torch.int64).reshape(-1, 4)
     ks, rows, lo, hi = rec.unbind(1)
-    assert int(ks.max()) + 2 == plan.k_pad and int(rows.max()) == plan.tuning.block_n - 9  # every k, every row
+    assert int(ks.max()) + 2 == plan.layout.k_pad and int(rows.max()) == plan.tuning.block_n - 9  # every k, every row
     got = torch.stack([lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16], 1)  # (g, k) (g, k+1) (g+8, k) (g+8, k+1)
     assert not (got == SENTINEL).any(), "a register read shared memory the stage load did not write"
     # the scheme's scale of (n, k) in the compute type, as 16-bit patterns

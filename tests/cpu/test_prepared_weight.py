@@ -13,7 +13,7 @@ import torch
 
 from numerics_check import compose, emulate_prepared_weight, prepare_weight
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.heuristics.standard import choose_tunings
+from humming_gen.heuristics import choose_tunings
 from humming_gen.schemes import QuantScheme
 from humming_gen.targets import get_target
 

@@ -133,8 +133,6 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
     if t.ctas_per_sm != 1:
         reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM (its warpgroups share the register file)")
-    if t.stages < 2:
-        reasons.append(f"tuning.stages={t.stages}: the ring needs at least 2 stages")
     return reasons
 
 
