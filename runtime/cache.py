@@ -619,7 +619,8 @@ def compile_cached(
 
 
 class _Progress:
-    """One-line progress bar on stderr, drawn only once the work has lasted ``delay`` seconds."""
+    """Progress of a batch compile on stderr, shown only once the work has lasted ``delay`` seconds: a one-line bar
+    redrawn in place on a terminal; elsewhere (CI logs, pipes) no carriage-return updates, one summary line."""
 
     def __init__(self, total: int, stream: TextIO | None = None, delay: float | None = None) -> None:
         self.total = total
@@ -628,6 +629,8 @@ class _Progress:
         self.start = time.perf_counter()
         self.last = 0.0
         self.shown = False
+        isatty = getattr(self.stream, "isatty", None)
+        self.terminal = bool(isatty and isatty())
 
     def update(self, done: int, *, force: bool = False) -> None:
         now = time.perf_counter()
@@ -635,19 +638,26 @@ class _Progress:
         if elapsed < self.delay or (not force and now - self.last < 0.1):
             return
         self.last = now
+        self.shown = True
+        if not self.terminal:
+            return
         width = 30
         filled = width * done // max(self.total, 1)
         self.stream.write(
             f"\rhumming_gen: compiling [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} kernels {elapsed:.1f}s"
         )
         self.stream.flush()
-        self.shown = True
 
     def close(self, done: int) -> None:
-        if self.shown:
+        if not self.shown:
+            return
+        if self.terminal:
             self.update(done, force=True)
             self.stream.write("\n")
-            self.stream.flush()
+        else:
+            self.stream.write(f"humming_gen: compiled {done}/{self.total} kernels in "
+                              f"{time.perf_counter() - self.start:.1f}s\n")
+        self.stream.flush()
 
 
 def compile_many(

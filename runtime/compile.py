@@ -471,6 +471,28 @@ def _compile_nvcc(
     return cubin, log, ptx
 
 
+# Compiler warnings that mean a generated kernel is wrong or slow beyond repair, so they fail the compile: a
+# constant that does not fit its type, a division by zero (both seen from out-of-range shapes), and ptxas
+# serializing wgmma (cutlass#1840: accumulators touched in flight, registers short), which costs the pipeline.
+FATAL_WARNINGS = (
+    ("a value does not fit its type", re.compile(r"integer conversion resulted in truncation|"
+                                                 r"integer operation result is out of range", re.I)),
+    ("division by zero", re.compile(r"division by zero", re.I)),
+    ("ptxas serializes wgmma", re.compile(r"wgmma[^\n]*serializ", re.I)),
+)
+
+
+def fatal_warnings(log: str) -> list[str]:
+    """The log lines that FATAL_WARNINGS turn into errors, each prefixed with what it means."""
+    found = []
+    for line in log.splitlines():
+        for meaning, pattern in FATAL_WARNINGS:
+            if pattern.search(line):
+                found.append(f"{meaning}: {line.strip()}")
+                break
+    return found
+
+
 def compile_source(
     source: str,
     kernel_name: str,
@@ -519,6 +541,10 @@ def compile_source(
 
     if not cubin:
         raise _fail(f"{version} produced an empty cubin", source, kernel_name, arch, version, log)
+    fatal = fatal_warnings(log)
+    if fatal:
+        raise _fail("compiler warnings treated as errors:\n  " + "\n  ".join(fatal), source, kernel_name, arch,
+                    version, log)
     entries = parse_ptxas_resources(log)
     resources = entries.get(kernel_name)
     if resources is None:

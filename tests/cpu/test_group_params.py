@@ -155,3 +155,20 @@ def test_prepared_scales_dequantize_like_the_reference(case, m: int) -> None:
         assert torch.equal(got, want)
     else:  # scales rounded to the 16-bit type (fp32 block scales; float zero terms z * scale)
         torch.testing.assert_close(got, want, rtol=0, atol=2**-8 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("dtype, hint", [("bfloat16", "rescale the weights"), ("float16", "use bfloat16")])
+def test_scales_out_of_range_name_the_true_reason(dtype: str, hint: str) -> None:
+    """Finite fp32 scales beyond the compute type: bf16 layers are not told to use bf16."""
+    import torch
+
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.targets import get_target
+
+    scheme = QuantScheme("int4", group_size=128, scale_dtype="float32")
+    qw = scheme.quantize(torch.randn(128, 256))
+    qw.scales = qw.scales * (1e39 if dtype == "bfloat16" else 1e6)
+    layer = LayerConfig(n=128, k=256, scheme=scheme, dtype=dtype)
+    plan = compose(layer, ComputeConfig(), choose_tunings(layer, get_target("sm_90a")).for_m(1), get_target("sm_90a"))
+    with pytest.raises(ValueError, match=hint):
+        prepare_weight(plan, qw, "cpu")

@@ -6,6 +6,8 @@ processes, which is what the concurrency test needs.
 
 from __future__ import annotations
 
+import io
+
 import fcntl
 import hashlib
 import json
@@ -398,11 +400,27 @@ def test_compile_many_keeps_order(calls: Calls, cache_dir: Path, capsys: pytest.
 
 
 def test_compile_many_progress_bar(calls: Calls, cache_dir: Path, monkeypatch, capsys) -> None:
+    """Not a terminal (a CI log): no carriage-return redraws, one summary line."""
     monkeypatch.setattr(cache_mod, "PROGRESS_DELAY_S", 0.0)
     calls.set_delay(0.15)
     compile_many(_jobs(4), cache=KernelCache(cache_dir), max_workers=2)
     err = capsys.readouterr().err
-    assert "humming_gen: compiling [" in err and "4/4 kernels" in err and err.endswith("\n")
+    assert "\r" not in err
+    assert err.count("\n") == 1 and "compiled 4/4 kernels" in err and err.endswith("\n")
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = cache_mod._Progress(4, stream=stream, delay=0.0)
+    bar.update(1, force=True)
+    bar.update(3, force=True)
+    bar.close(4)
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and "4/4 kernels" in text and text.endswith("\n")
 
 
 def test_compile_many_raises_first_failure_after_the_rest(calls: Calls, cache_dir: Path) -> None:

@@ -363,3 +363,27 @@ def test_import_and_compile_never_touch_the_driver() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # find the checkout
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("body, meaning", [
+    ('namespace cfg { constexpr int kB = 4294967296; }\nextern "C" __global__ void k(int* p) { p[0] = cfg::kB; }\n',
+     "does not fit"),
+    ('namespace cfg { constexpr int kG = 0; }\nextern "C" __global__ void k(int* p) { p[0] = 5 / cfg::kG; }\n',
+     "division by zero"),
+])
+def test_truncation_and_division_by_zero_warnings_fail_the_compile(body: str, meaning: str, tmp_path, monkeypatch):
+    """Out-of-range shapes once compiled "successfully" with these warnings; they are errors now."""
+    monkeypatch.setenv("HUMMING_GEN_CACHE_DIR", str(tmp_path))
+    from humming_gen.runtime.compile import CompileError, compile_source
+
+    with pytest.raises(CompileError, match=meaning):
+        compile_source(body, "k", "sm_90a")
+
+
+def test_wgmma_serialization_warning_is_fatal() -> None:
+    from humming_gen.runtime.compile import fatal_warnings
+
+    log = ("ptxas warning : Potential Performance Loss: wgmma.mma_async instructions are serialized due to the "
+           "presence of Extern calls in the function 'k'\nptxas info    : Used 168 registers\n")
+    assert fatal_warnings(log) == [f"ptxas serializes wgmma: {log.splitlines()[0]}"]
+    assert fatal_warnings("ptxas info    : Used 168 registers\n") == []

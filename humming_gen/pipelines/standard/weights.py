@@ -62,8 +62,10 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
             sc = sc * extra[None, :]
         sc_dt = sc.to(dt)
         if not torch.isfinite(sc_dt).all() or bool(((sc_dt == 0) & (sc != 0)).any()):
+            hint = ("; use bfloat16 activations (8 exponent bits)" if layer.dtype == "float16"
+                    else "; rescale the weights (a global scale can carry the common factor)")
             raise ValueError(f"weight scales span [{sc.abs().min().item():.3g}, {sc.abs().max().item():.3g}], "
-                             f"beyond what {layer.dtype} group scales can hold; use bfloat16 activations")
+                             f"beyond what {layer.dtype} group scales can hold{hint}")
         b_scale = permute_group_rows(pad_to(sc_dt, {1: lay.n_pad})).contiguous()
         if lay.zero_point is not None:
             z = _scales_per_element_row(qw, qw.zero_points.to(device, torch.float32), lay.group_size, lay.group_rows)

@@ -10,20 +10,27 @@ import math
 
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized.compose import BLOCK_N, LAYOUT_BLOCK_N, max_block_m, shared_memory
+from humming_gen.pipelines.warp_specialized.compose import BLOCK_N, LAYOUT_BLOCK_N, shared_memory
 from humming_gen.targets import Target
 
 MAX_STAGES = 8
 BLOCK_K = 128  # two 64-k chunks per stage: half the stage hand-offs of 64, and 8 k16 steps to overlap
 # (largest M of the bucket); the last is open-ended. Smaller buckets belong to the standard pipeline.
-BUCKETS = (64, 128, 256, 512, None)
+# Measured on the H200 (bench/ws_sweep.py, W4A16 8192 x 8192, graph us per layer):
+# - M = 64: 64 tokens, split-K 4 (27.0) beats split 3 (31.8), 8 (40.4) and block_k 64 (29.9).
+# - M = 128: 128 tokens, split 4 (40.3) beats 64 tokens split 2 (43.3) or 4 (52.2).
+# - M = 256: 128 tokens, split 2 (62.1) beats split 1 (98.5), 96 tokens (105.1), 64 tokens split 4 (102.1).
+# - M = 1024 .. 4096: 128 tokens (207 / 875) beat 160 (248 / 917) and 176 (267 / 889).
+# - M = 8192: 176 tokens (1760) beat 128 (1832): the longest wgmma amortizes each dequantized weight most.
+BUCKETS = (64, 128, 256, 512, 4096, None)
+LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 
 
 def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
     """The tuning of one bucket: the largest token tile up to MAX_BLOCK_M, two consumer warpgroups where N has
     room for them, split-K until the units fill the SMs about once, and as many stages as shared memory holds."""
     warpgroups = 2
-    block_m = min(max_block_m(warpgroups), math.ceil((m_max or 256) / 8) * 8)
+    block_m = LARGE_M_BLOCK if m_max is None else min(128, math.ceil(m_max / 8) * 8)
     n_pad = math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N
     block_n = BLOCK_N
     tiles = math.ceil(n_pad / block_n) * (1 if m_max is None else math.ceil(m_max / block_m))

@@ -1,0 +1,113 @@
+"""The warp-specialized pipeline on the CPU: what its heuristics choose, that barrier counts and register budgets
+match the roles, that its kernels compile for sm_90a without spills or wgmma serialization, and that it shares
+the standard pipeline's packed weight."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from humming_gen.codegen.compose import ComposeError, compose
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.heuristics.choose import WS_FROM_M
+from humming_gen.kernel import build_many, generate
+from humming_gen.layer.weights import layout_key
+from humming_gen.pipelines.warp_specialized.compose import STATIC_SMEM
+from humming_gen.runtime.compile import fatal_warnings
+from humming_gen.schemes import QuantScheme
+from humming_gen.targets import get_target
+
+SM90 = get_target("sm_90a")
+FORMATS = {
+    "int4-g128": dict(weight="int4", group_size=128),
+    "int3-g128": dict(weight="int3", group_size=128),
+    "int8-channel": dict(weight="int8"),
+    "uint4-g64-zp": dict(weight="uint4", group_size=64, zero_point="int"),
+    "uint4-g128-fzp": dict(weight="uint4", group_size=128, zero_point="float"),
+    "mxfp4": dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
+    "nvfp4": dict(weight="float4e2m1", group_size=16, scale_dtype="float8e4m3", global_scale=True),
+    "fp8-block": dict(weight="float8e4m3", block_size=(128, 128), scale_dtype="float32"),
+}
+
+
+def _layer(fmt: str = "int4-g128", n: int = 8192, k: int = 8192, **kw) -> LayerConfig:
+    return LayerConfig(n=n, k=k, scheme=QuantScheme(**FORMATS[fmt]), **kw)
+
+
+def _constants(src: str) -> dict[str, int]:
+    return {m[1]: int(m[2]) for m in re.finditer(r"constexpr int (k\w+) = (-?\d+);", src)}
+
+
+def test_heuristics_split_the_buckets_between_pipelines() -> None:
+    plan = choose_tunings(_layer(), SM90)
+    for m_max, tuning in plan.buckets:
+        expected = "standard" if m_max is not None and m_max < WS_FROM_M else "warp_specialized"
+        assert tuning.pipeline == expected, (m_max, tuning.summary())
+    for target in ("sm_80", "sm_89", "sm_100a", "sm_120a"):
+        assert {t.pipeline for _, t in choose_tunings(_layer(), get_target(target)).buckets} == {"standard"}
+    arbitrary = LayerConfig(n=4096, k=4096, scheme=QuantScheme("int4", group_size=100))
+    assert {t.pipeline for _, t in choose_tunings(arbitrary, SM90).buckets} == {"standard"}
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        choose_tunings(arbitrary, SM90, pipeline="warp_specialized")
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_one_packed_weight_serves_both_pipelines(fmt: str) -> None:
+    layer = _layer(fmt, n=4000, k=3000, has_bias=True)
+    plans = [compose(layer, ComputeConfig(), t, SM90) for t in choose_tunings(layer, SM90).tunings()]
+    assert {p.pipeline for p in plans} == {"standard", "warp_specialized"}
+    assert len({layout_key(p) for p in plans}) == 1
+
+
+@pytest.mark.parametrize("m", [64, 128, 256, 1024, 8192])
+def test_barrier_counts_and_registers_match_the_roles(m: int) -> None:
+    """A wrong mbarrier count hangs the kernel: the full barrier expects every producer thread's cp.async arrival
+    plus the one expect_tx, the empty barrier lane 0 of every consumer warp; the register budgets fit the file."""
+    plan = compose(_layer(), ComputeConfig(), choose_tunings(_layer(), SM90).for_m(m), SM90)
+    src = generate(plan, "nvrtc")
+    c = {name: value for name, value, _ in plan.constants}
+    assert _constants(src)["kThreads"] == c["kThreads"]
+    assert c["kThreads"] == plan.threads == c["kProducerThreads"] + 128 * c["kConsumerWarpgroups"]
+    assert c["kConsumerWarps"] == 4 * c["kConsumerWarpgroups"] == c["kWarpsMN"]
+    assert "mbarrier_init(ring.full_bars + 8 * s, cfg::kProducerThreads + 1)" in src
+    assert "mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerWarps)" in src
+    # the arrivals those counts expect: one expect_tx (thread 0) and one cp.async arrival per producer thread per
+    # stage; lane 0 of each consumer warp releases
+    produce = src[src.index("void produce("):src.index("void consume(")]
+    assert produce.count("mbarrier_arrive_expect_tx(") == 1 and "if (threadIdx.x == 0)" in produce
+    assert produce.count("cp_async_arrive_noinc(full)") == 1
+    assert "if (lane == 0) mbarrier_arrive(ring.empty_bars + 8 * s)" in src
+    regs = c["kProducerRegisters"] * 128 + c["kConsumerRegisters"] * 128 * c["kConsumerWarpgroups"]
+    assert regs <= 65536 and c["kProducerRegisters"] % 8 == 0 and c["kConsumerRegisters"] % 8 == 0
+    assert 24 <= c["kProducerRegisters"] and c["kConsumerRegisters"] <= 256
+    assert plan.shared_bytes + STATIC_SMEM <= SM90.smem_per_block_optin
+
+
+def test_kernels_compile_without_spills_or_wgmma_serialization() -> None:
+    """Every warp-specialized bucket of the formats above, compiled for sm_90a with NVRTC: no spills, no stack,
+    no warning that ptxas serializes wgmma, static shared memory within the plan's allowance."""
+    plans = []
+    for fmt in FORMATS:
+        layer = _layer(fmt, has_bias=fmt == "int4-g128")
+        plans += [compose(layer, ComputeConfig(), t, SM90) for t in choose_tunings(layer, SM90).tunings()
+                  if t.pipeline == "warp_specialized"]
+    plans.append(compose(_layer(dtype="float16", out_dtype="float32"), ComputeConfig(),
+                         choose_tunings(_layer(dtype="float16"), SM90).for_m(256), SM90))
+    for kernel in build_many(plans, compiler="nvrtc"):
+        r = kernel.resources
+        assert r.get("spill_store_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0, (kernel.name, r)
+        assert r.get("shared_bytes", 0) <= STATIC_SMEM, (kernel.name, r)
+        assert not fatal_warnings(kernel.compiled.log), kernel.name
+
+
+def test_refusals_name_the_reason() -> None:
+    tuning = choose_tunings(_layer(), SM90).for_m(1024)
+    with pytest.raises(ComposeError, match="lacks 'wgmma'"):
+        compose(_layer(), ComputeConfig(), tuning, get_target("sm_89"))
+    too_deep = TuningConfig(**{**tuning.to_dict(), "stages": 8})
+    with pytest.raises(ComposeError, match="shared memory .* exceeds"):
+        compose(_layer(), ComputeConfig(), too_deep, SM90)
+    with pytest.raises(ComposeError, match="quantized activations"):
+        compose(LayerConfig(4096, 4096, "w8a8-fp8-channel"), ComputeConfig(), tuning, SM90)
