@@ -1,8 +1,8 @@
 // humming_gen 0.1.0 - generated; edit templates/, not this file
-// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws   key c1f68ddf9f1a
+// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws   key 5bf2c573fbae
 // layer   n=4096 k=4096 weight=int4 scale=bfloat16/g128 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
-// tuning  pipeline=warp_specialized mma=wgmma block=176x256x128 warps=1x8x1 stages=3 split_k=1 stream_k=no load=a:cp_async,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
+// tuning  pipeline=warp_specialized mma=wgmma block=128x256x128 warps=1x8x1 stages=4 split_k=1 stream_k=no load=a:cp_async,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
 // target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
 // components (in order):
 //   ptx.SmemAddress()
@@ -22,14 +22,14 @@
 //   memory.BChunkShared(bits=4)
 //   memory.WeightStageBulk(group_params=('b_scale',))
 //   memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
-//   mma.WgmmaRS(dtype='bfloat16', n=176)
+//   mma.WgmmaRS(dtype='bfloat16', n=128)
 //   schedule.PersistentSchedule(split_k=1)
 //   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws', block_m=176, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
-//   tuning  {"a_load": "cp_async", "b_load": "tma", "block_k": 128, "block_m": 176, "block_n": 256, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "wgmma", "pipeline": "warp_specialized", "raster": "n_major", "scale_load": "tma", "split_k": 1, "stages": 3, "stream_k": false, "warps_k": 1, "warps_m": 1, "warps_n": 8}
+//   tuning  {"a_load": "cp_async", "b_load": "tma", "block_k": 128, "block_m": 128, "block_n": 256, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "wgmma", "pipeline": "warp_specialized", "raster": "n_major", "scale_load": "tma", "split_k": 1, "stages": 4, "stream_k": false, "warps_k": 1, "warps_m": 1, "warps_n": 8}
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -39,12 +39,12 @@ namespace hg::cfg {
 constexpr int kN = 4096;  // output features
 constexpr int kKA = 4096;  // activation columns (rows are padded to 16 bytes)
 constexpr int kNPad = 4096;  // N padded to block_n
-constexpr int kBlockM = 176;  // tokens per tile (wgmma N)
+constexpr int kBlockM = 128;  // tokens per tile (wgmma N)
 constexpr int kBlockN = 256;  // weight rows per tile
 constexpr int kBlockK = 128;
 constexpr int kNTiles = 16;  // tiles along N
 constexpr int kKTiles = 32;  // k tiles of kBlockK
-constexpr int kStages = 3;  // ring depth
+constexpr int kStages = 4;  // ring depth
 constexpr int kStepsPerStage = 8;  // k16 wgmma steps per stage
 constexpr int kThreads = 384;  // one producer and the consumer warpgroups
 constexpr int kProducerThreads = 128;
@@ -52,7 +52,7 @@ constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegisters = 40;  // setmaxnreg budgets
 constexpr int kConsumerRegisters = 232;
 constexpr int kWarpNTiles = 2;  // n tiles of its slice per consumer warp = m64 wgmma instructions per warpgroup and step
-constexpr int kWarpMTiles = 22;  // 8-token accumulator groups
+constexpr int kWarpMTiles = 16;  // 8-token accumulator groups
 constexpr int kBSliceBytes = 4096;  // one 128-row layout block x 64 k of packed weight
 constexpr int kBWarpSliceWords = 512;  // one 64-row warp slice of it, in words
 constexpr int kSlicesPerStage = 2;
@@ -61,9 +61,9 @@ constexpr int kSmemAlign = 1024;
 constexpr int kGroupRows = 1;  // group-parameter rows per stage
 constexpr int kGroupRowsPerKTile = 1;
 constexpr int kKTilesPerGroup = 1;
-constexpr int kAStageBytes = 45056;
-constexpr int kStageBytes = 62464;
-constexpr int kBScaleOffset = 61440;  // b_scale rows in a stage
+constexpr int kAStageBytes = 32768;
+constexpr int kStageBytes = 50176;
+constexpr int kBScaleOffset = 49152;  // b_scale rows in a stage
 }  // namespace hg::cfg
 
 // Kernel argument: one struct passed by value, packed by humming_gen.kernel.Kernel.launch in this field order.
@@ -305,10 +305,10 @@ __device__ __forceinline__ void load_group_pair(u32& lo, u32& hi, const u16* sme
 
 // ======================================== mma
 
-// ---- mma.WgmmaRS(dtype='bfloat16', n=176)
-// mma: warpgroup MMA m64n176k16, bfloat16 inputs, fp32 accumulators. A (64 weight rows x 16 k) comes from
+// ---- mma.WgmmaRS(dtype='bfloat16', n=128)
+// mma: warpgroup MMA m64n128k16, bfloat16 inputs, fp32 accumulators. A (64 weight rows x 16 k) comes from
 // registers: warp w of the warpgroup holds rows 16w..16w+15 as an mma.sync m16n8k16 A fragment. B (16 k x
-// 176 tokens) is read from shared memory through a descriptor (K-major, 128-byte swizzle). The accumulator of
+// 128 tokens) is read from shared memory through a descriptor (K-major, 128-byte swizzle). The accumulator of
 // warp w: d[j][0..1] = (row 16w + g, tokens 8j + 2t, +1), d[j][2..3] = row 16w + g + 8; g = lane / 4, t = lane % 4.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -324,16 +324,16 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[cfg::kWarpMTiles][
 }
 
 // d (+)= A * B; accumulate = 0 starts from zero.
-__device__ __forceinline__ void wgmma_m64n176k16(float (&d)[cfg::kWarpMTiles][4], const u32 (&a)[4],
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[cfg::kWarpMTiles][4], const u32 (&a)[4],
                                                    unsigned long long b_desc, int accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %93, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, {%88, %89, %90, %91}, %92, p, 1, 1, 0;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
       "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -382,13 +382,13 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws', block_m=176, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
 // pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
 // their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
 // completes when both have landed. Consumer warpgroup g (1..kConsumerWarpgroups) multiplies n tiles
 // [g - 1, g) x kWgTiles of every 64-row warp slice: its warp w dequantizes those tiles of slice w in registers
 // (the standard pipeline's layout and numeric components) and feeds each as the register A operand of one
-// wgmma m64n176k16, the tokens on N (swap-AB). Dequantization of k16 step s + 1 overlaps the wgmmas of step s
+// wgmma m64n128k16, the tokens on N (swap-AB). Dequantization of k16 step s + 1 overlaps the wgmmas of step s
 // (wgmma.wait_group 1); a warp releases a stage through its empty mbarrier once the wgmmas reading it have
 // retired. The grid is persistent and the ring's (stage, phase) runs on across units, so the producer fills
 // the next unit's stages while the consumers finish a tile.
@@ -497,7 +497,7 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
         wgmma_fence();
 #pragma unroll
         for (int i = 0; i < cfg::kWarpNTiles; ++i)
-          wgmma_m64n176k16(acc[i], frag[buf][i], a_step_descriptor(a_stage, step), it > 0 || step > 0);
+          wgmma_m64n128k16(acc[i], frag[buf][i], a_step_descriptor(a_stage, step), it > 0 || step > 0);
         wgmma_commit();
         wgmma_wait<1>();  // the wgmmas of the previous step have retired: its buffer and stage may be reused
         if (step == 0 && it > 0) release(previous);
@@ -527,7 +527,7 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_176x256x128s3w1x8x1k1_ws(const Params p) {
+extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // 128-byte swizzled operands need 1024-byte alignment; the launch asks for kSmemAlign spare bytes.
   Ring ring;
