@@ -43,7 +43,6 @@ class WarpSpecializedPipeline(Component):
     kernel_name: str
     block_m: int
     consumer_warpgroups: int
-    prefetch_words: bool  # two chunk buffers: codes load four k16 steps before they are dequantized
     group_params: tuple[str, ...]
     hoist_group_params: bool  # a stage lies in one group: its group parameters are read once per stage
     dequant_params: tuple[str, ...]
@@ -57,5 +56,4 @@ class WarpSpecializedPipeline(Component):
                 + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
 
     def extra_context(self) -> dict:
-        return {"group_offsets": {t: offset_constant(t) for t in self.group_params},
-                "words_index": "step / 4" if self.prefetch_words else "0"}
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}

@@ -94,15 +94,6 @@ def consumer_registers(warpgroups: int) -> int:
     return min(256, free // (128 * warpgroups) // 8 * 8)
 
 
-def prefetch_words(layer: LayerConfig, tuning: TuningConfig) -> bool:
-    """Whether a second chunk of codes fits a consumer thread beside the accumulators, the two fragment buffers
-    and ~40 registers of addresses and scales (CPU test: no spills)."""
-    acc = N_TILES_PER_SLICE // consumer_warpgroups(tuning) * tuning.block_m // 2
-    frags = 2 * 4 * N_TILES_PER_SLICE // consumer_warpgroups(tuning)
-    chunk_words = 4 * layer.scheme.weight.bits
-    return acc + frags + 2 * chunk_words + 40 <= consumer_registers(consumer_warpgroups(tuning))
-
-
 def layout_reasons(layer: LayerConfig) -> list[str]:
     """What of the layer the pipeline cannot serve whatever the tuning."""
     reasons = []
@@ -128,9 +119,9 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append(f"tuning.block_m={t.block_m}: at most {max_block_m(consumer_warpgroups(t))} tokens per tile "
                        f"with {consumer_warpgroups(t)} consumer warpgroup(s) (their m64 wgmma accumulators must fit "
                        f"{ACC_REGISTERS} registers of a consumer thread)")
-    if t.block_k != 2 * LAYOUT_WARP_K:
-        reasons.append(f"tuning.block_k={t.block_k}: the warp-specialized stage holds two 64-k chunks of the weight "
-                       f"layout (block_k {2 * LAYOUT_WARP_K}), so one chunk's codes load while the other's dequantize")
+    if t.block_k not in (64, 128):
+        reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
+                       f"producer's activation rows keep their swizzle up to 16 chunks per row)")
     if t.a_load != "cp_async":
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
@@ -181,7 +172,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix="_ws")
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
-                                       prefetch_words=prefetch_words(layer, t),
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
                                        split_k=t.split_k > 1, pdl=pdl)
