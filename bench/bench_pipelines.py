@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 import torch
@@ -22,6 +23,12 @@ from humming_side import HummingUnavailable, humming_layers
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (2880, 2880), (576, 7168), (8192, 8192))
 SHAPE_MS = (1, 16, 32, 64, 128, 256, 1024, 4096)
+L2_COLD_BYTES = 180e6  # the layers of one shape hold ~3x the H200's 60 MB L2 of int4 weights (cold reads)
+
+
+def layers_for_shape(n: int, k: int, minimum: int) -> int:
+    """Distinct layers so that their int4 weights are several times the L2 (docs/BENCHMARKS.md, step 1)."""
+    return min(64, max(minimum, math.ceil(L2_COLD_BYTES / (n * k / 2))))
 
 
 def layers_for(name, n, k, count, pipeline=None):
@@ -101,6 +108,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--standard", default="w4a16-int4-g128", help="formats also timed on the standard pipeline")
     ap.add_argument("--shapes", action="store_true", help="part 2: the shape sweep")
+    ap.add_argument("--no-part1", action="store_true", help="skip part 1 (N = K = 8192)")
     args = ap.parse_args()
     torch.manual_seed(0)
     L = args.layers
@@ -108,8 +116,9 @@ def main() -> None:
     ms = [int(v) for v in args.m.split(",")]
     n = k = 8192
     xs = {m: torch.randn(m, k, device="cuda").bfloat16() for m in ms}
-    cublas_rows(results["part1"], n, k, L, xs)
-    for name in args.formats.split(","):
+    if not args.no_part1:
+        cublas_rows(results["part1"], n, k, L, xs)
+    for name in ([] if args.no_part1 else args.formats.split(",")):
         qws, layers = layers_for(name, n, k, L)
         limit = layers[0].weight.nbytes() / (COPY_GBPS * 1e3)
         time_rows(results["part1"], "humming_gen", layers, xs, qw0=qws[0], format=name, bytes_limit_us=limit)
@@ -125,16 +134,18 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.shapes:
         for n, k in SHAPES:
+            count = layers_for_shape(n, k, L)
             xs = {m: torch.randn(m, k, device="cuda").bfloat16() for m in SHAPE_MS}
-            cublas_rows(results["part2"], n, k, L, xs, shape=f"{n}x{k}")
-            qws, layers = layers_for("w4a16-int4-g128", n, k, L)
+            cublas_rows(results["part2"], n, k, count, xs, shape=f"{n}x{k}")
+            qws, layers = layers_for("w4a16-int4-g128", n, k, count)
             time_rows(results["part2"], "humming_gen", layers, xs, qw0=qws[0], shape=f"{n}x{k}")
             del layers, qws
             torch.cuda.empty_cache()
-            humming(results["part2"], "w4a16-int4-g128", n, k, L, xs, shape=f"{n}x{k}")
-    with open(os.path.join(args.out, "bench_pipelines.json"), "w") as f:
+            humming(results["part2"], "w4a16-int4-g128", n, k, count, xs, shape=f"{n}x{k}")
+    with open(os.path.join(args.out, "bench_pipelines" + ("_shapes" if args.no_part1 else "") + ".json"), "w") as f:
         json.dump(results, f, indent=1)
-    table(results["part1"], ("format",), ms, "Part 1: N = K = 8192, CUDA-graph us per layer")
+    if not args.no_part1:
+        table(results["part1"], ("format",), ms, "Part 1: N = K = 8192, CUDA-graph us per layer")
     if args.shapes:
         table(results["part2"], ("shape",), list(SHAPE_MS), "Part 2: W4A16 int4 g128 by shape")
 

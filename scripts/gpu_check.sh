@@ -13,12 +13,12 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}  # the checkout wins even where the edita
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest tests/gpu -q -p no:cacheprovider ${1:+-k "$1"} --junitxml="$OUT/gpu-tests.xml" 2>&1 | tail -n 40 | tee "$OUT/gpu-tests.log"
 if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     # NOTE: --report-api-errors no: cuda-bindings probes driver entry points that do not exist (benign host API
     # errors); kernel memory errors and races are still reported.
     compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_sample.py \
       > "$OUT/sanitize-$tool.log" 2>&1
-    echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
+    echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize sample' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
   done
 fi
-python3 bench/bench_dense.py --out "$OUT" ${HG_BENCH_ARGS:-}
+python3 bench/bench_pipelines.py --out "$OUT" --shapes ${HG_BENCH_ARGS:-} 2>&1 | grep -v "compil" | tee "$OUT/bench.log" | tail -n 120
