@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--standard", default="w4a16-int4-g128", help="formats also timed on the standard pipeline")
     ap.add_argument("--shapes", action="store_true", help="part 2: the shape sweep")
     ap.add_argument("--no-part1", action="store_true", help="skip part 1 (N = K = 8192)")
+    ap.add_argument("--shape-list", default=None, help="part 2 shapes as NxK,NxK (default: all of SHAPES)")
+    ap.add_argument("--no-humming", action="store_true", help="skip Humming")
     args = ap.parse_args()
     torch.manual_seed(0)
     L = args.layers
@@ -133,7 +135,9 @@ def main() -> None:
         humming(results["part1"], name, n, k, L, xs, format=name)
     os.makedirs(args.out, exist_ok=True)
     if args.shapes:
-        for n, k in SHAPES:
+        shapes = SHAPES if not args.shape_list else [tuple(int(v) for v in s.split("x"))
+                                                      for s in args.shape_list.split(",")]
+        for n, k in shapes:
             count = layers_for_shape(n, k, L)
             xs = {m: torch.randn(m, k, device="cuda").bfloat16() for m in SHAPE_MS}
             cublas_rows(results["part2"], n, k, count, xs, shape=f"{n}x{k}")
@@ -141,7 +145,8 @@ def main() -> None:
             time_rows(results["part2"], "humming_gen", layers, xs, qw0=qws[0], shape=f"{n}x{k}")
             del layers, qws
             torch.cuda.empty_cache()
-            humming(results["part2"], "w4a16-int4-g128", n, k, count, xs, shape=f"{n}x{k}")
+            if not args.no_humming:
+                humming(results["part2"], "w4a16-int4-g128", n, k, count, xs, shape=f"{n}x{k}")
     with open(os.path.join(args.out, "bench_pipelines" + ("_shapes" if args.no_part1 else "") + ".json"), "w") as f:
         json.dump(results, f, indent=1)
     if not args.no_part1:

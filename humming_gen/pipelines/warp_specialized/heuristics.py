@@ -22,7 +22,9 @@ BLOCK_K = 128  # two 64-k chunks per stage: half the stage hand-offs of 64, and 
 # - M = 256: 128 tokens, split 2 (62.1) beats split 1 (98.5), 96 tokens (105.1), 64 tokens split 4 (102.1).
 # - M = 1024 .. 4096: 128 tokens (207 / 875) beat 160 (248 / 917) and 176 (267 / 889).
 # - M = 8192: 176 tokens (1760) beat 128 (1832): the longest wgmma amortizes each dequantized weight most.
-BUCKETS = (64, 128, 256, 512, 4096, None)
+# Buckets to 4096 double, so the split-K chosen for a bucket's largest M still fills the SMs at its smallest
+# (576 x 7168 at M = 1024: 24 tiles; one split for 4096 rows left 85 us against cuBLAS's 16.6).
+BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, None)
 LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 
 
