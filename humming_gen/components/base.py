@@ -16,6 +16,11 @@ class Component:
     family: ClassVar[str] = ""
     requires: ClassVar[frozenset[str]] = frozenset()
     ptx: ClassVar[tuple[str, ...]] = ()  # ptx wrappers (components.ptx names) this component's code calls
+    # Device symbols (functions, types, constants) its source defines, and those of other components it uses;
+    # compose checks that every need is provided by a component rendered before it (pipelines.common), and
+    # tests/cpu/test_component_symbols.py that the declarations match the rendered source.
+    provides: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     def context(self) -> dict[str, Any]:
         ctx = {f.name: getattr(self, f.name) for f in attrs.fields(type(self))}

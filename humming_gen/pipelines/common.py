@@ -191,6 +191,22 @@ def constants_table(layer: LayerConfig, n_pad: int, k_pad: int) -> list[tuple[st
             ("kNPad", n_pad, "N padded to block_n"), ("kKPad", k_pad, "K padded to K_ALIGN (256)")]
 
 
+# Provided by the source assembly itself (codegen.render): the Params struct and the cfg:: constants.
+RENDERED_SYMBOLS = frozenset({"Params"})
+
+
+def missing_symbols(components: "tuple[Component, ...]") -> list[str]:
+    """Every device symbol a component needs that no component rendered before it provides (components come in
+    section order, so a definition must precede its use)."""
+    available = set(RENDERED_SYMBOLS)
+    reasons = []
+    for c in components:
+        for symbol in sorted(c.needs - available):
+            reasons.append(f"{type(c).__name__} needs `{symbol}`, which no component before it provides")
+        available |= c.provides
+    return reasons
+
+
 def missing_features(components: "tuple[Component, ...]", target: Target) -> list[str]:
     """Every target feature a chosen component requires and the target lacks, named with the component."""
     missing = {f: type(c).__name__ for c in components for f in sorted(c.requires) if not target.has(f)}

@@ -16,11 +16,17 @@ class SplitKReduce(Component):
     template: ClassVar[str] = "epilogue/split_k_reduce.cuh.j2"
     family: ClassVar[str] = "epilogue"
     ptx: ClassVar[tuple[str, ...]] = ("global_sync",)
+    provides: ClassVar[frozenset[str]] = frozenset({"kSplitAccPerThread", "split_k_reduce"})
     split_k: int
     # Who takes part: every thread of the CTA (standard), or the consumer warps alone (warp-specialized), which
     # synchronise on a named barrier and whose first thread counts the arrival.
     sync: str = option_field("__syncthreads()")
     leader: str = option_field("threadIdx.x == 0")
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        named = {"consumer_sync"} if "consumer_sync" in self.sync else set()
+        return frozenset({"arrive_and_count", "reset_counter", "fence_gpu", "load_cg"} | named)
 
 
 _OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}
@@ -32,6 +38,7 @@ class StoreOutput(Component):
 
     template: ClassVar[str] = "epilogue/store_output.cuh.j2"
     family: ClassVar[str] = "epilogue"
+    provides: ClassVar[frozenset[str]] = frozenset({"store_output"})
     dtype: str
     out_dtype: str
     out_scale: bool
@@ -40,6 +47,11 @@ class StoreOutput(Component):
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("cvt_scalar",) if (self.bias or self.out_dtype != "float32") else ()
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"Params"} | ({"from_float"} if self.out_dtype != "float32" else set())
+                         | ({"to_float"} if self.bias else set()))
 
     def extra_context(self) -> dict:
         value = "acc[nt][mt][2 * half + j]"

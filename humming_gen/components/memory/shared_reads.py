@@ -16,6 +16,8 @@ class BChunkShared(Component):
 
     template: ClassVar[str] = "memory/b_chunk_shared.cuh.j2"
     family: ClassVar[str] = "memory"
+    provides: ClassVar[frozenset[str]] = frozenset({"u32x4", "load_b_chunk"})
+    needs: ClassVar[frozenset[str]] = frozenset({"kChunkWords"})
     bits: int
 
 
@@ -36,3 +38,13 @@ class GroupParamsShared(Component):
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("prmt",) if self.pair_loads or self.odd_group_size else ()
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(({"load_group_pair"} if self.pair_loads else set())
+                         | ({"first_group_row", "load_group_pair_at"} if self.arbitrary_groups else set())
+                         | ({"load_group_f32"} if self.float_scales else set()))
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(self.ptx)

@@ -16,6 +16,7 @@ class MmaSyncM16N8K16(Component):
 
     template: ClassVar[str] = "mma/mma_sync_m16n8k16.cuh.j2"
     family: ClassVar[str] = "mma"
+    provides: ClassVar[frozenset[str]] = frozenset({"mma_m16n8k16"})
     dtype: str
 
     @property

@@ -27,6 +27,10 @@ class WgmmaRS(Component):
         if self.n not in WGMMA_N:
             raise ValueError(f"wgmma N={self.n}: must be a multiple of 8 in 8..256")
 
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_accumulators", f"wgmma_m64n{self.n}k16"})
+
     def extra_context(self) -> dict:
         regs = self.n // 2
         return {"ptx_type": PTX_PAIR_TYPE[self.dtype].replace("x2", ""),

@@ -47,6 +47,8 @@ class IntTopBitConvert(Component):
     template: ClassVar[str] = "numeric/int_top_bit_convert.cuh.j2"
     family: ClassVar[str] = "numeric"
     ptx: ClassVar[tuple[str, ...]] = ("and_or", "and_xor", "fma2")
+    provides: ClassVar[frozenset[str]] = frozenset({"convert_pair"})
+    needs: ClassVar[frozenset[str]] = frozenset({"and_or", "and_xor", "fma2"})
     takes_unmasked: ClassVar[bool] = True
     dtype: str
 
@@ -90,6 +92,12 @@ class FloatPlaceConvert(Component):
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("fma2",) if self.exponent_shift else ()
 
+    provides: ClassVar[frozenset[str]] = frozenset({"convert_pair"})
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(self.ptx)
+
     @property
     def exponent_shift(self) -> int:
         return BIAS[self.dtype] - self.source_bias
@@ -127,6 +135,8 @@ class SignMagnitudeConvert(Component):
     template: ClassVar[str] = "numeric/sign_magnitude_convert.cuh.j2"
     family: ClassVar[str] = "numeric"
     ptx: ClassVar[tuple[str, ...]] = ("fma2",)
+    provides: ClassVar[frozenset[str]] = frozenset({"convert_pair"})
+    needs: ClassVar[frozenset[str]] = frozenset({"fma2"})
     fmt: str
     bits: int
     dtype: str

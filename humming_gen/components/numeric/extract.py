@@ -26,6 +26,14 @@ class PlaneExtract(Component):
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("and_or",) if self.or_bits or len(bit_planes(self.bits)) > 1 else ()
 
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"kChunkWords", "extract_code_pair"} | ({"kOrBits"} if self.or_bits else set()))
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(self.ptx)
+
     def __attrs_post_init__(self) -> None:
         if not self.mask_codes and (self.or_bits or len(bit_planes(self.bits)) > 1):
             raise ValueError("unmasked extraction serves a single bit plane without or_bits")
@@ -72,6 +80,8 @@ class ThreeBitSharedShiftExtract(Component):
     template: ClassVar[str] = "numeric/extract_3bit_shared_shift.cuh.j2"
     family: ClassVar[str] = "numeric"
     ptx: ClassVar[tuple[str, ...]] = ("and_or", "fma2")
+    provides: ClassVar[frozenset[str]] = frozenset({"kChunkWords", "kOrBits", "extract_code_pair"})
+    needs: ClassVar[frozenset[str]] = frozenset({"and_or", "fma2"})
     or_bits: str  # the magic number, as the IntMagic converter renders it
     dtype: str
     AT: ClassVar[tuple[int, ...]] = (2, 4)  # landing bits that need the fma (bit 0 needs none)

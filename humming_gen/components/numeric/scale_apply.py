@@ -18,8 +18,13 @@ class _ScaleApply(Component):
     template: ClassVar[str] = "numeric/scale_apply.cuh.j2"
     family: ClassVar[str] = "numeric"
     ptx: ClassVar[tuple[str, ...]] = ("fma2",)
+    provides: ClassVar[frozenset[str]] = frozenset({"dequant_pair"})
     params: ClassVar[tuple[str, ...]] = ()  # per-row group parameters the expression reads: "scale", "zero"
     dtype: str
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(self.ptx)
 
     def expression(self) -> str:
         raise NotImplementedError

@@ -17,6 +17,7 @@ PTX_SCALAR_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 class SmemAddress(Component):
     template: ClassVar[str] = "ptx/smem_address.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"smem_address"})
 
 
 @attrs.frozen
@@ -29,6 +30,10 @@ class CpAsync(Component):
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
     groups: bool = option_field(True)
 
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"cp_async_16"} | ({"cp_async_commit", "cp_async_wait"} if self.groups else set()))
+
 
 @attrs.frozen
 class Ldmatrix(Component):
@@ -38,11 +43,16 @@ class Ldmatrix(Component):
     x4: bool = True  # pairs of m8 tiles
     x2: bool = False  # a last, unpaired m8 tile
 
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"ldmatrix_x4"} if self.x4 else set()) | frozenset({"ldmatrix_x2"} if self.x2 else set())
+
 
 @attrs.frozen
 class Prmt(Component):
     template: ClassVar[str] = "ptx/prmt.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"prmt"})
 
 
 @attrs.frozen
@@ -51,6 +61,7 @@ class AndOr(Component):
 
     template: ClassVar[str] = "ptx/and_or.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"and_or"})
 
 
 @attrs.frozen
@@ -59,6 +70,7 @@ class AndXor(Component):
 
     template: ClassVar[str] = "ptx/and_xor.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"and_xor"})
 
 
 @attrs.frozen
@@ -67,6 +79,7 @@ class Fma2(Component):
 
     template: ClassVar[str] = "ptx/fma2.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"fma2"})
     dtype: str
 
     def extra_context(self) -> dict:
@@ -83,6 +96,11 @@ class CvtScalar(Component):
     out_dtype: str
     to_float: bool
 
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return (frozenset({"from_float"} if self.out_dtype in PTX_SCALAR_TYPE else set())
+                | frozenset({"to_float"} if self.to_float else set()))
+
     def extra_context(self) -> dict:
         return {"ptx_scalar": PTX_SCALAR_TYPE[self.dtype], "ptx_out": PTX_SCALAR_TYPE.get(self.out_dtype)}
 
@@ -93,6 +111,7 @@ class GridDependency(Component):
 
     template: ClassVar[str] = "ptx/grid_dependency.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"wait_for_previous_grid", "allow_next_grid"})
     requires: ClassVar[frozenset[str]] = frozenset({"pdl"})
 
 
@@ -102,6 +121,7 @@ class GlobalSync(Component):
 
     template: ClassVar[str] = "ptx/global_sync.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"arrive_and_count", "reset_counter", "fence_gpu", "load_cg"})
 
 
 @attrs.frozen
@@ -110,6 +130,9 @@ class Mbarrier(Component):
 
     template: ClassVar[str] = "ptx/mbarrier.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"mbarrier_init", "fence_barrier_init", "mbarrier_arrive",
+                                                   "mbarrier_arrive_expect_tx", "cp_async_arrive_noinc",
+                                                   "mbarrier_wait"})
     requires: ClassVar[frozenset[str]] = frozenset({"tma"})
 
 
@@ -119,6 +142,7 @@ class BulkCopy(Component):
 
     template: ClassVar[str] = "ptx/bulk_copy.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"bulk_copy"})
     requires: ClassVar[frozenset[str]] = frozenset({"tma"})
 
 
@@ -128,6 +152,7 @@ class AsyncProxyFence(Component):
 
     template: ClassVar[str] = "ptx/async_proxy_fence.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"fence_async_shared"})
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
 
 
@@ -137,6 +162,7 @@ class SetMaxNReg(Component):
 
     template: ClassVar[str] = "ptx/setmaxnreg.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"registers_decrease", "registers_increase"})
     requires: ClassVar[frozenset[str]] = frozenset({"setmaxnreg"})
 
 
@@ -146,6 +172,7 @@ class NamedBarrier(Component):
 
     template: ClassVar[str] = "ptx/named_barrier.cuh.j2"
     family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"consumer_sync"})
 
 
 WRAPPERS: dict[str, type[Component]] = {

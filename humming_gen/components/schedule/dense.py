@@ -15,6 +15,7 @@ class DenseSchedule(Component):
 
     template: ClassVar[str] = "schedule/dense.cuh.j2"
     family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "tile_coord"})
 
 
 @attrs.frozen
@@ -23,6 +24,7 @@ class DenseSplitKSchedule(Component):
 
     template: ClassVar[str] = "schedule/dense_split_k.cuh.j2"
     family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "tile_coord"})
     split_k: int
 
 
@@ -32,4 +34,5 @@ class PersistentSchedule(Component):
 
     template: ClassVar[str] = "schedule/persistent.cuh.j2"
     family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "unit_count", "unit_coord"})
     split_k: int

@@ -19,8 +19,8 @@ from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSche
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import GroupPlan, KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
-                                          group_plan, has_out_scale, kernel_name, missing_features, padded_k,
-                                          weight_layout)
+                                          group_plan, has_out_scale, kernel_name, missing_features, missing_symbols,
+                                          padded_k, weight_layout)
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce, offset_constant
 from humming_gen.schemes.packing import BLayout
@@ -149,7 +149,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 pdl=pdl, arbitrary_groups=bool(group and group.arbitrary))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
-    reasons = missing_features(components, target)
+    reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)
 

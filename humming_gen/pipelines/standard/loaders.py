@@ -17,9 +17,16 @@ class ATileCpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async", "ldmatrix")
+    provides: ClassVar[frozenset[str]] = frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk",
+                                                   "load_a_stage", "load_a_fragments"})
     dtype: str
     block_k: int
     warp_m_tiles: int
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))
 
     def extra_context(self) -> dict:
         return {"swizzle_mask": min(8, self.block_k // 8) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}
@@ -33,6 +40,8 @@ class BTileCpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
+    provides: ClassVar[frozenset[str]] = frozenset({"kBTileChunks", "kBWarpSliceWords", "load_b_stage"})
+    needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16", "smem_address", "u32x4"})
     bits: int
     tile_bytes: int
 
@@ -45,6 +54,8 @@ class GroupParamsCpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
+    provides: ClassVar[frozenset[str]] = frozenset({"kGroupRowChunks", "load_group_stage"})
+    needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16", "smem_address"})
     dtype: str
     tensors: tuple[str, ...]
     # The group size is not a multiple of 16: a stage holds the rows its k range touches (clamped at the tensor's

@@ -30,6 +30,21 @@ class StandardPipeline(Component):
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("grid_dependency",) if self.pdl else ()
 
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        needs = {"Params", "TileCoord", "tile_coord", "u32x4", "kBTileChunks", "kBWarpSliceWords", "load_b_stage",
+                 "load_a_stage", "load_a_fragments", "load_b_chunk", "kChunkWords", "extract_code_pair",
+                 "dequant_pair", "mma_m16n8k16", "cp_async_commit", "cp_async_wait", "store_output"}
+        needs |= set() if self.convert_in_extract else {"convert_pair"}
+        needs |= {"load_group_stage"} if self.group_params else set()
+        needs |= {"first_group_row", "load_group_pair_at"} if self.arbitrary_groups else set()
+        needs |= {"load_group_pair"} if self.dequant_params and not self.arbitrary_groups else set()
+        needs |= {"load_group_f32"} if self.slice_scale else set()
+        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
+        needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
+        needs |= {"split_k_reduce"} if self.split_k else set()
+        return frozenset(needs)
+
     def extra_context(self) -> dict:
         # with arbitrary groups a step's two k halves have their own group parameters, [0] and [1]
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params},
@@ -42,6 +57,7 @@ class WarpKReduce(Component):
 
     template: ClassVar[str] = "pipelines/standard/warp_k_reduce.cuh.j2"
     family: ClassVar[str] = "epilogue"
+    provides: ClassVar[frozenset[str]] = frozenset({"kAccPerThread", "reduce_warps_k"})
     warps_k: int
 
 

@@ -24,7 +24,7 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, arbitrary_group_size, common_reasons, constants_table,
                                           dense_args, dequant_chain, group_plan, has_out_scale, kernel_name,
-                                          missing_features, padded_k, weight_layout)
+                                          missing_features, missing_symbols, padded_k, weight_layout)
 from humming_gen.pipelines.standard.compose import group_constants
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
                                                                WeightStageBulk)
@@ -177,7 +177,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                        split_k=t.split_k > 1, pdl=pdl)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
-    reasons = missing_features(components, target)
+    reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)
 
