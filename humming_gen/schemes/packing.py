@@ -83,7 +83,10 @@ class BLayout:
 
 
 def _fragment_index(layout: BLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, k) inside one warp slice for each [chunk][R 0..63][lane][lo/hi] element."""
+    """(n, k) inside one warp slice for each [chunk][R 0..63][lane][lo/hi] element: tile R // 4 of the chunk,
+    register R % 4 of the MMA atom's A fragment (components.mma.atoms; both pipelines' atoms share it)."""
+    from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16 as atom
+
     n_tiles = layout.warp_n // MMA_M
     chunk = torch.arange(layout.chunks_per_warp).view(-1, 1, 1, 1)
     reg = torch.arange(64).view(1, -1, 1, 1)
@@ -92,9 +95,9 @@ def _fragment_index(layout: BLayout) -> tuple[torch.Tensor, torch.Tensor]:
     tile = chunk * CHUNK_TILES + reg // 4
     r = reg % 4
     kstep, nt = tile // n_tiles, tile % n_tiles
-    g, t = lane // 4, lane % 4
-    n = nt * MMA_M + g + 8 * (r % 2)
-    k = kstep * MMA_K + 2 * t + 8 * (r // 2) + half
+    row, col = atom.a_element(lane, r, half)
+    n = nt * atom.m + row
+    k = kstep * atom.k + col
     return n.expand(-1, -1, 32, 2), k.expand(-1, 64, -1, -1)
 
 

@@ -218,3 +218,21 @@ def test_permute_group_rows_and_inverse(n: int) -> None:
     inverse = torch.argsort(idx)
     assert torch.equal(p[..., inverse], t)
     assert torch.equal(permute_group_rows(t[..., inverse]), t)
+
+
+def test_mma_atoms_fragment_maps() -> None:
+    """The atom's A map is the mma.sync m16n8k16 A fragment (each 16 x 16 tile exactly once per lane, register
+    and half), its C map the m16n8 accumulator order, and the C expressions the epilogue renders say the same."""
+    from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, WGMMA_M64NNK16_WARP
+
+    for atom in (MMA_SYNC_M16N8K16, WGMMA_M64NNK16_WARP):
+        a = {atom.a_element(lane, reg, half) for lane in range(32) for reg in range(4) for half in range(2)}
+        assert a == {(r, c) for r in range(16) for c in range(16)}
+        c = {atom.c_element(lane, half, j) for lane in range(32) for half in range(2) for j in range(2)}
+        assert c == {(r, col) for r in range(16) for col in range(8)}
+        for lane in range(32):
+            for half in range(2):
+                for j in range(2):
+                    env = {"g": lane // 4, "t": lane % 4, "half": half, "j": j}
+                    assert (eval(atom.c_row_expr, env), eval(atom.c_col_expr, env)) == atom.c_element(lane, half, j)
+    assert MMA_SYNC_M16N8K16.a_element(5, 3, 1) == (1 + 8, 2 + 8 + 1)  # lane 5: g=1, t=1; register 3 is (g+8, k+8)

@@ -24,7 +24,7 @@
 //   memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
 //   mma.WgmmaRS(dtype='bfloat16', n=128)
 //   schedule.PersistentSchedule(split_k=1)
-//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
+//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
 //   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
@@ -355,7 +355,7 @@ __device__ __forceinline__ TileCoord unit_coord(int unit) {
 
 // ======================================== epilogue
 
-// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
+// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
 // epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc).
 // Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
 __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,

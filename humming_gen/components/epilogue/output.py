@@ -7,6 +7,7 @@ from typing import ClassVar
 import attrs
 
 from humming_gen.components.base import Component, option_field
+from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MmaAtom
 
 
 @attrs.frozen
@@ -34,7 +35,7 @@ _OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}
 
 @attrs.frozen
 class StoreOutput(Component):
-    """Per-column fp32 scale, bias, conversion, masked store."""
+    """Per-column fp32 scale, bias, conversion, masked store; the accumulator fragment order is the MMA atom's."""
 
     template: ClassVar[str] = "epilogue/store_output.cuh.j2"
     family: ClassVar[str] = "epilogue"
@@ -43,6 +44,7 @@ class StoreOutput(Component):
     out_dtype: str
     out_scale: bool
     bias: bool
+    atom: MmaAtom = attrs.field(default=MMA_SYNC_M16N8K16, metadata={"listed_when_set": True})
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -59,5 +61,6 @@ class StoreOutput(Component):
             value += " * scale"
         if self.bias:
             value += " + bias"
-        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
+        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value, "c_row": self.atom.c_row_expr,
+                "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
                 "out_convert": "" if self.out_dtype == "float32" else "from_float"}

@@ -17,6 +17,7 @@ import attrs
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
+from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
@@ -168,7 +169,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKReduce(split_k=t.split_k, sync="consumer_sync()",
                                      leader=f"threadIdx.x == {PRODUCER_THREADS}"))
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                bias=layer.has_bias))
+                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP))
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix="_ws")
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,

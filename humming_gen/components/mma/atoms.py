@@ -1,0 +1,55 @@
+"""MMA atoms as data: the shape one warp computes, which element of the A (weights) and C (accumulator) tiles
+each lane's registers hold, and the instruction's spelling. The weight packing (humming_gen.schemes.packing)
+and the output epilogue read these maps instead of hard-coding a fragment order, so an MMA with another order
+(the Zhenwu PPU's N-before-M accumulators) is a new atom, not edits across packing and templates.
+
+Roles: weights are the A operand (rows = output features n), tokens the B / C columns (swap-AB), so an A
+fragment is indexed (row n, column k) and a C fragment (row n, column token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen(repr=False)
+class MmaAtom:
+    """One warp's share of an MMA: A is `m` x `k` (weights, 16-bit pairs in `a_registers` registers), C is `m` x `n`
+    in `c_registers` fp32 registers per 8 columns of tokens."""
+
+    name: str
+    instruction: str   # PTX spelling; {n} stands for the token count where the instruction takes one
+    m: int
+    n: int             # tokens per instruction (0: chosen by the tile, as wgmma's N)
+    k: int
+    a_registers: int
+    c_registers: int
+    # C expressions of the maps below, in the names the templates use (g = lane / 4, t = lane % 4, half, j)
+    c_row_expr: str
+    c_col_expr: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def a_element(self, lane: Any, reg: Any, half: Any) -> tuple[Any, Any]:
+        """(row, k) of the 16-bit half `half` of A register `reg` of `lane` (ints or tensors)."""
+        g, t = lane // 4, lane % 4
+        return g + 8 * (reg % 2), 2 * t + 8 * (reg // 2) + half
+
+    def c_element(self, lane: Any, half: Any, j: Any) -> tuple[Any, Any]:
+        """(row, column) of accumulator register 2 * half + j of an 8-column group, for `lane`."""
+        g, t = lane // 4, lane % 4
+        return g + 8 * half, 2 * t + j
+
+
+# mma.sync m16n8k16: the standard pipeline's instruction, one per (16-row n tile, 8-token m tile).
+MMA_SYNC_M16N8K16 = MmaAtom(name="mma.sync.m16n8k16", instruction="mma.sync.aligned.m16n8k16.row.col.f32",
+                            m=16, n=8, k=16, a_registers=4, c_registers=4, c_row_expr="g + 8 * half",
+                            c_col_expr="2 * t + j")
+# wgmma m64nNk16 with A from registers: warp w of the warpgroup holds rows 16w..16w+15 in exactly the
+# m16n8k16 A fragment order, and its accumulators hold those rows in m16n8 C order per 8 tokens.
+WGMMA_M64NNK16_WARP = MmaAtom(name="wgmma.m64nNk16 (one warp's rows)",
+                              instruction="wgmma.mma_async.sync.aligned.m64n{n}k16.f32", m=16, n=0, k=16,
+                              a_registers=4, c_registers=4, c_row_expr="g + 8 * half", c_col_expr="2 * t + j")
