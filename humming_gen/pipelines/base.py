@@ -146,6 +146,15 @@ class KernelPlan:
         return self.launch.scratch(m)
 
 
+def split_k_scratch(launch: "TiledLaunch | PersistentLaunch", m: int) -> dict[str, Scratch]:
+    """The split-K hand-off's buffers at m rows: fp32 partial tiles of every slice, one arrival counter per tile."""
+    if launch.split_k == 1:
+        return {}
+    tiles = launch.n_tiles * max(1, math.ceil(m / launch.block_m))
+    return {"workspace": Scratch(tiles * launch.split_k * launch.block_m * launch.block_n, "float32", False),
+            "counters": Scratch(tiles, "int32", True)}
+
+
 @attrs.frozen
 class TiledLaunch:
     """One CTA per (n tile, m tile, k slice); split-K slices hand off through a workspace (standard pipeline)."""
@@ -163,11 +172,7 @@ class TiledLaunch:
         return (self.n_tiles, max(1, math.ceil(m / self.block_m)), self.split_k)
 
     def scratch(self, m: int) -> dict[str, Scratch]:
-        if self.split_k == 1:
-            return {}
-        tiles = self.n_tiles * max(1, math.ceil(m / self.block_m))
-        return {"workspace": Scratch(tiles * self.split_k * self.block_m * self.block_n, "float32", False),
-                "counters": Scratch(tiles, "int32", True)}
+        return split_k_scratch(self, m)
 
 
 @attrs.frozen
@@ -191,11 +196,7 @@ class PersistentLaunch:
         return (min(self.units(m), self.slots), 1, 1)
 
     def scratch(self, m: int) -> dict[str, Scratch]:
-        if self.split_k == 1:
-            return {}
-        tiles = self.n_tiles * max(1, math.ceil(m / self.block_m))
-        return {"workspace": Scratch(tiles * self.split_k * self.block_m * self.block_n, "float32", False),
-                "counters": Scratch(tiles, "int32", True)}
+        return split_k_scratch(self, m)
 
 
 @attrs.frozen
