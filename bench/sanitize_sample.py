@@ -1,7 +1,7 @@
 """A few small layers for compute-sanitizer (memcheck / racecheck / synccheck): split-K, warp-k reduction, zero
-points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 64 on
-sm_90a: split-K and not, a partial last tile, K not a multiple of 128, fp16, 8-bit codes; no clusters are
-launched by it). Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them."""
+points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
+sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
+(int8 at M = 700); every sampled case runs one unit per CTA, and no clusters are launched). Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them."""
 
 import torch
 

@@ -1,8 +1,9 @@
 """choose_tunings: the TuningPlan a layer compiles, from the heuristics of the pipelines that serve it.
 
 Where the warp-specialized pipeline serves the layer (sm_90a, 16-bit activations, group sizes that are multiples
-of 16), it takes the buckets from WS_FROM_M tokens on and the standard pipeline keeps the smaller ones; both read
-one packed weight. Elsewhere the standard pipeline takes every bucket.
+of 16), it takes its buckets from the one ending at WS_FROM_M tokens on (so M >= 33) and the standard pipeline
+keeps the buckets that end below it (M <= 32); both read one packed weight. Elsewhere the standard pipeline takes
+every bucket.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.targets import Target
 
-# The smallest M bucket the warp-specialized pipeline takes; smaller ones stay on the standard pipeline
-# (H200, W4A16 8192 x 8192: see README's pipeline table for the measured crossover).
+# The standard pipeline keeps its buckets that end below this M (8, 16, 32); the warp-specialized buckets start
+# with the one ending here, so they serve M = 33.. (H200, W4A16 8192 x 8192 at M = 64: 26.6 us against the
+# standard pipeline's 38.4; at M = 32 the standard pipeline's 24.9 stays).
 WS_FROM_M = 64
 PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 

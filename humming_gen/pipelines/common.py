@@ -18,6 +18,9 @@ from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
 K_ALIGN = 256  # K is padded to a multiple of this; every block_k divides it, so a layer's kernels share weights
+# The weight layout every heuristic tuning of both pipelines reads (schemes.packing.BLayout: 128-row blocks, two
+# 64-row warp slices, 64-k chunks), so a layer keeps one packed copy for all its M buckets.
+SHARED_LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
 SHARED_SHIFT_MAX_M_TILES = 2  # 3-bit shared-shift extraction up to this many m8 tiles per warp
 
 
@@ -188,7 +191,7 @@ def constants_table(layer: LayerConfig, n_pad: int, k_pad: int) -> list[tuple[st
     """Problem constants every dense kernel may read."""
     return [("kN", layer.n, "output features"), ("kK", layer.k, "input features"),
             ("kKA", math.ceil(layer.k / 8) * 8, "activation columns (rows are padded to 16 bytes)"),
-            ("kNPad", n_pad, "N padded to block_n"), ("kKPad", k_pad, "K padded to K_ALIGN (256)")]
+            ("kNPad", n_pad, "N padded to the weight layout's block_n"), ("kKPad", k_pad, "K padded to K_ALIGN (256)")]
 
 
 # Provided by the source assembly itself (codegen.render): the Params struct and the cfg:: constants.
@@ -214,3 +217,48 @@ def missing_features(components: "tuple[Component, ...]", target: Target) -> lis
     if set(missing) == {"mma_bf16"}:
         reasons.append(f"target {target.name} has no bf16 mma; use float16 activations")
     return reasons
+
+
+def offset_constant(tensor: str) -> str:
+    """b_scale -> BScale (as in cfg::kBScaleOffset)."""
+    return "".join(part.title() for part in tensor.split("_"))
+
+
+def group_constants(group: GroupPlan | None, block_k: int) -> list[tuple[str, int, str]]:
+    """How a stage's k range maps to group rows (the group-parameter loaders and readers)."""
+    if group is None:
+        return []
+    if group.arbitrary:
+        return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage (the most a k tile touches)"),
+                ("kGroupSize", group.group_size, "k elements per group (not a multiple of the mma k step)"),
+                ("kGroupTensorRows", group.rows, "group rows of the whole tensor: ceil(kKPad / kGroupSize)")]
+    return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage"),
+            ("kGroupSizeInStage", min(group.group_size, block_k), "k elements per group row inside a stage"),
+            ("kGroupRowsPerKTile", group.rows_per_stage, ""),
+            ("kKTilesPerGroup", max(1, group.group_size // block_k), "")]
+
+
+def group_offset_constants(group: GroupPlan | None, first: int, row_bytes: int) -> list[tuple[str, int, str]]:
+    """Byte offset of each group-parameter tensor's rows inside a stage, the first at `first`."""
+    if group is None:
+        return []
+    return [("k" + offset_constant(tensor) + "Offset", first + i * row_bytes, f"{tensor} rows in a stage")
+            for i, tensor in enumerate(group.tensors)]
+
+
+def split_k_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
+    k_tiles = math.ceil(layer.k / tuning.block_k)
+    if tuning.split_k > k_tiles:
+        return [f"tuning.split_k={tuning.split_k} exceeds the {k_tiles} k tiles of K={layer.k} with "
+                f"block_k={tuning.block_k}"]
+    return []
+
+
+def split_k_constants(tuning: TuningConfig) -> list[tuple[str, int, str]]:
+    return [("kSplitK", tuning.split_k, "k slices reduced in the epilogue")] if tuning.split_k > 1 else []
+
+
+def lacking(target: Target, features: frozenset[str], who: str) -> list[str]:
+    """One reason per feature in `features` the target lacks (a pipeline's supports())."""
+    return [f"target {target.name} lacks '{f}', which the {who} needs" for f in sorted(features)
+            if not target.has(f)]

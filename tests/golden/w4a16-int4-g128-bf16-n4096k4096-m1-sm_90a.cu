@@ -38,7 +38,7 @@ typedef unsigned short u16;
 namespace hg::cfg {
 constexpr int kN = 4096;  // output features
 constexpr int kKA = 4096;  // activation columns (rows are padded to 16 bytes)
-constexpr int kNPad = 4096;  // N padded to block_n
+constexpr int kNPad = 4096;  // N padded to the weight layout's block_n
 constexpr int kBlockM = 8;
 constexpr int kBlockN = 128;
 constexpr int kBlockK = 256;

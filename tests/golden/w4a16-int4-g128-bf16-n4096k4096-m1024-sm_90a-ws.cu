@@ -38,7 +38,7 @@ typedef unsigned short u16;
 namespace hg::cfg {
 constexpr int kN = 4096;  // output features
 constexpr int kKA = 4096;  // activation columns (rows are padded to 16 bytes)
-constexpr int kNPad = 4096;  // N padded to block_n
+constexpr int kNPad = 4096;  // N padded to the weight layout's block_n
 constexpr int kBlockM = 128;  // tokens per tile (wgmma N)
 constexpr int kBlockN = 256;  // weight rows per tile
 constexpr int kBlockK = 128;
@@ -156,9 +156,9 @@ __device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
-      "wait:\n"
+      "mbarrier_wait_retry:\n"  // a label local to this { } block, so each inlined copy has its own
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n"
+      "@!done bra mbarrier_wait_retry;\n"
       "}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
@@ -267,7 +267,9 @@ __device__ __forceinline__ void load_b_chunk(u32 (&words)[kChunkWords], const u3
 // memory: a stage's packed weights and b_scale rows global -> shared by one producer thread
 // with bulk copies. The weight layout (humming_gen.schemes.packing, 128-row layout blocks of 64-k slices) keeps
 // the kSlicesPerStage slices of one layout block contiguous: one copy per layout block of the tile. Blocks past
-// kNPad (the last tile of a layer whose N is not a multiple of kBlockN) are not copied; nothing stores their rows.
+// kNPad (the last tile of a layer whose N is not a multiple of kBlockN) are not copied: their warps dequantize
+// whatever the stage held before, which stays in accumulator rows that no store reads (store_output masks n >= kN,
+// and each warp's split-K workspace rows are its own).
 constexpr int kLayoutBlocks = cfg::kBlockN / 128;
 
 __device__ __forceinline__ int valid_layout_blocks(int n0) { return min(kLayoutBlocks, (cfg::kNPad - n0) / 128); }
@@ -385,8 +387,8 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 // ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
 // pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
 // their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
-// completes when both have landed. Consumer warpgroup g (1..kConsumerWarpgroups) multiplies n tiles
-// [g - 1, g) x kWgTiles of every 64-row warp slice: its warp w dequantizes those tiles of slice w in registers
+// completes when both have landed. Consumer warpgroup kWg (0-based; warpgroup kWg + 1 of the CTA) multiplies n tiles
+// [kWg, kWg + 1) x kWarpNTiles of every 64-row warp slice: its warp w dequantizes those tiles of slice w in registers
 // (the standard pipeline's layout and numeric components) and feeds each as the register A operand of one
 // wgmma m64n128k16, the tokens on N (swap-AB). Dequantization of k16 step s + 1 overlaps the wgmmas of step s
 // (wgmma.wait_group 1); a warp releases a stage through its empty mbarrier once the wgmmas reading it have
@@ -428,11 +430,12 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
   allow_next_grid();  // the next kernel may start its weight prefetch once SMs free up
 }
 
-// Consumer warpgroup kWg: n tiles kWg * kWgTiles .. + kWgTiles of every warp slice (a compile-time choice, so
+// Consumer warpgroup kWg: n tiles kWg * kWarpNTiles .. + kWarpNTiles of every warp slice (a compile-time choice, so
 // each warpgroup runs its own copy of the loop and every register index stays static).
 template <int kWg>
 __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int units) {
   constexpr int kTile0 = kWg * cfg::kWarpNTiles;
+  static_assert(cfg::kStepsPerStage % 2 == 0, "frag[] alternates per k16 step: a stage's first step uses buffer 0");
   const int w = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   // Warp w reads 64-row slice w of the tile: layout block w / 2, slice warp w % 2 (humming_gen.schemes.packing).
   const int b_warp_word = (w / 2) * cfg::kSlicesPerStage * (cfg::kBSliceBytes / 4) + (w % 2) * cfg::kBWarpSliceWords;
@@ -442,7 +445,8 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
   int stage = 0, phase = 0;
   u32 scale_lo[cfg::kWarpNTiles], scale_hi[cfg::kWarpNTiles];
 
-  // Codes of 64-k chunk `slice` of the stage -> registers.
+  // Codes of 64-k chunk `slice` of the stage -> registers (the chunk's offset is in the pointer; load_b_chunk's own
+  // chunk index stays 0).
   auto load_words = [&](int s, int slice) {
     load_b_chunk(words, reinterpret_cast<const u32*>(ring.stage_ptr(s) + cfg::kAStageBytes) + b_warp_word +
                             slice * (cfg::kBSliceBytes / 4), 0);

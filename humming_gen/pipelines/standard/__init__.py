@@ -4,10 +4,10 @@ split-K. Every target from sm_80 on; the fastest at small M (decode)."""
 from __future__ import annotations
 
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.pipelines.common import common_reasons
+from humming_gen.pipelines import weights as _weights
+from humming_gen.pipelines.common import common_reasons, lacking
 from humming_gen.pipelines.standard import compose as _compose
 from humming_gen.pipelines.standard import heuristics as _heuristics
-from humming_gen.pipelines.standard import weights as _weights
 from humming_gen.pipelines.standard.loaders import ATileCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline
 from humming_gen.targets import Target
@@ -23,9 +23,7 @@ class Standard:
     @staticmethod
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
         needs = StandardPipeline.requires | ATileCpAsync.requires
-        return common_reasons(layer, compute, target) + [
-            f"target {target.name} lacks '{f}', which the standard pipeline needs" for f in sorted(needs)
-            if not target.has(f)]
+        return common_reasons(layer, compute, target) + lacking(target, needs, "standard pipeline")
 
 
 STANDARD = Standard()

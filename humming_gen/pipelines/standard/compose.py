@@ -17,12 +17,13 @@ from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import GroupPlan, KernelPlan, TiledLaunch, compose_error
+from humming_gen.pipelines.base import KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
-                                          group_plan, has_out_scale, kernel_name, missing_features, missing_symbols,
-                                          padded_k, weight_layout)
+                                          group_constants, group_offset_constants, group_plan, has_out_scale,
+                                          kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
+                                          split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
-from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce, offset_constant
+from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
@@ -107,9 +108,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     n_pad = math.ceil(layer.n / t.block_n) * t.block_n
     k_pad = padded_k(layer)
     k_tiles = math.ceil(layer.k / t.block_k)
-    if t.split_k > k_tiles:
-        reasons.append(f"tuning.split_k={t.split_k} exceeds the {k_tiles} k tiles of K={layer.k} "
-                       f"with block_k={t.block_k}")
+    reasons += split_k_reasons(layer, t)
     group = group_plan(layer, t.block_k)
     if reasons:
         raise compose_error(reasons)
@@ -180,14 +179,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16,
          "16-byte chunks per n block of the packed weight"),
     ]
-    if t.split_k > 1:
-        constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))
-    constants += group_constants(group, t.block_k)
+    constants += split_k_constants(t) + group_constants(group, t.block_k)
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
-    if group is not None:
-        for i, tensor in enumerate(group.tensors):
-            cname = "k" + offset_constant(tensor) + "Offset"
-            constants.append((cname, a_bytes + b_bytes + i * group_bytes, f"{tensor} rows in a stage"))
+    constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)
 
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
                       components=components, constants=tuple(constants), args=dense_args(layer, group, t.split_k > 1),
@@ -196,16 +190,3 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
                                          split_k=t.split_k))
 
-
-def group_constants(group: GroupPlan | None, block_k: int) -> list[tuple[str, int, str]]:
-    """How a stage's k range maps to group rows (the group-parameter loaders and readers)."""
-    if group is None:
-        return []
-    if group.arbitrary:
-        return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage (the most a k tile touches)"),
-                ("kGroupSize", group.group_size, "k elements per group (not a multiple of the mma k step)"),
-                ("kGroupTensorRows", group.rows, "group rows of the whole tensor: ceil(kKPad / kGroupSize)")]
-    return [("kGroupRows", group.rows_per_stage, "group-parameter rows per stage"),
-            ("kGroupSizeInStage", min(group.group_size, block_k), "k elements per group row inside a stage"),
-            ("kGroupRowsPerKTile", group.rows_per_stage, ""),
-            ("kKTilesPerGroup", max(1, group.group_size // block_k), "")]

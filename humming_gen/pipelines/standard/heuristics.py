@@ -11,7 +11,7 @@ import math
 
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.common import arbitrary_group_size
+from humming_gen.pipelines.common import SHARED_LAYOUT, arbitrary_group_size
 from humming_gen.pipelines.standard.compose import SMEM_PER_CTA_RESERVED, shared_memory
 from humming_gen.targets import Target
 
@@ -24,7 +24,6 @@ from humming_gen.targets import Target
 # - larger M: a 64-row warp tile (warps_m=2) beats four 32-row warps that each dequantize the same weights.
 BUCKETS = ((8, 8, 1, 4, 3, 2), (16, 16, 1, 4, 4, 1), (32, 32, 1, 4, 4, 1), (64, 32, 1, 4, 4, 1),
            (256, 64, 1, 2, 4, 1), (None, 128, 2, 1, 4, 1))
-LAYOUT = {"block_n": 128, "warps_n": 2, "warp_k": 64}
 
 
 def _fits(layer: LayerConfig, target: Target, fields: dict, stages: int, ctas: int) -> bool:
@@ -47,7 +46,7 @@ def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int, ctas_
 def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPlan:
     """One TuningConfig per M bucket for `layer` on `target`. `overrides` replace TuningConfig fields in
     every bucket (for experiments and autotuning)."""
-    layout = {**LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in LAYOUT}}
+    layout = {**SHARED_LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in SHARED_LAYOUT}}
     block_n, warps_n, warp_k = layout["block_n"], layout["warps_n"], layout["warp_k"]
     n_blocks = math.ceil(layer.n / block_n)
     bits = layer.scheme.weight.bits

@@ -7,6 +7,7 @@ from typing import ClassVar
 import attrs
 
 from humming_gen.components.base import Component, option_field
+from humming_gen.pipelines.common import offset_constant
 
 
 @attrs.frozen
@@ -60,7 +61,3 @@ class WarpKReduce(Component):
     provides: ClassVar[frozenset[str]] = frozenset({"kAccPerThread", "reduce_warps_k"})
     warps_k: int
 
-
-def offset_constant(tensor: str) -> str:
-    """b_scale -> BScale (as in cfg::kBScaleOffset)."""
-    return "".join(part.title() for part in tensor.split("_"))

@@ -1,12 +1,13 @@
 """The warp-specialized pipeline (sm_90a): a producer warpgroup filling an mbarrier ring with bulk copies and
 cp.async, consumer warpgroups dequantizing in registers into wgmma's register A operand; persistent grid with
-split-K. Faster than the standard pipeline from M = 64 tokens on."""
+split-K. The heuristics give it the buckets from 33 tokens on (the bucket ending at 64), where it beats the
+standard pipeline."""
 
 from __future__ import annotations
 
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.pipelines.common import common_reasons
-from humming_gen.pipelines.standard import weights as _weights
+from humming_gen.pipelines import weights as _weights
+from humming_gen.pipelines.common import common_reasons, lacking
 from humming_gen.pipelines.warp_specialized import compose as _compose
 from humming_gen.pipelines.warp_specialized import heuristics as _heuristics
 from humming_gen.pipelines.warp_specialized.components import WarpSpecializedPipeline
@@ -18,13 +19,12 @@ class WarpSpecialized:
     compose = staticmethod(_compose.compose)
     shared_memory = staticmethod(_compose.shared_memory)
     choose_tunings = staticmethod(_heuristics.choose_tunings)
-    prepare_weight = staticmethod(_weights.prepare_weight)  # the standard layout: one packed copy for both
+    prepare_weight = staticmethod(_weights.prepare_weight)  # the shared layout: one packed copy for both
 
     @staticmethod
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
-        return common_reasons(layer, compute, target) + _compose.layout_reasons(layer) + [
-            f"target {target.name} lacks '{f}', which the warp-specialized pipeline needs"
-            for f in sorted(WarpSpecializedPipeline.requires) if not target.has(f)]
+        return (common_reasons(layer, compute, target) + _compose.layout_reasons(layer)
+                + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
 
 
 WARP_SPECIALIZED = WarpSpecialized()

@@ -7,7 +7,7 @@ from typing import ClassVar
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.pipelines.standard.skeleton import offset_constant
+from humming_gen.pipelines.common import offset_constant
 
 
 @attrs.frozen

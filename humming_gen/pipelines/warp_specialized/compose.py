@@ -3,9 +3,10 @@ rows, cp.async of activations) feeding 1-2 consumer warpgroups that dequantize i
 the weights as the register A operand, over a persistent grid.
 
 The weights keep the standard pipeline's layout (128-row blocks, two 64-row warp slices, 64-k chunks), so a layer
-whose small-M buckets run the standard pipeline shares one packed copy with these kernels: consumer warp w reads
-slice w of the tile exactly as a standard warp would, and its four 16-row tiles are the A fragments of the four
-m64 wgmma instructions of its warpgroup (warp w of a warpgroup holds rows 16w..16w+15 of each).
+whose small-M buckets run the standard pipeline shares one packed copy with these kernels: warp w of each consumer
+warpgroup reads slice w of the tile exactly as a standard warp would, and of its four 16-row tiles, consumer
+warpgroup g takes tiles 2g and 2g + 1 (all four with one warpgroup) as the A fragments of its m64 wgmma
+instructions (warp w of a warpgroup holds rows 16w..16w+15 of each).
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
-from humming_gen.pipelines.common import (K_ALIGN, arbitrary_group_size, common_reasons, constants_table,
-                                          dense_args, dequant_chain, group_plan, has_out_scale, kernel_name,
-                                          missing_features, missing_symbols, padded_k, weight_layout)
-from humming_gen.pipelines.standard.compose import group_constants
+from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, common_reasons, constants_table,
+                                          dense_args, dequant_chain, group_constants, group_offset_constants,
+                                          group_plan, has_out_scale, kernel_name, missing_features, missing_symbols,
+                                          padded_k, split_k_constants, split_k_reasons, weight_layout)
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
                                                                WeightStageBulk)
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
-LAYOUT_BLOCK_N, LAYOUT_WARP_N, LAYOUT_WARP_K = 128, 64, 64  # the shared weight layout (standard heuristics' LAYOUT)
+LAYOUT_BLOCK_N = SHARED_LAYOUT["block_n"]  # the layout both pipelines read (pipelines.common.SHARED_LAYOUT)
+LAYOUT_WARP_N = SHARED_LAYOUT["block_n"] // SHARED_LAYOUT["warps_n"]
+LAYOUT_WARP_K = SHARED_LAYOUT["warp_k"]
 BLOCK_N = 4 * LAYOUT_WARP_N  # weight rows of a tile: warp w of each consumer warpgroup reads 64-row slice w
 N_TILES_PER_SLICE = LAYOUT_WARP_N // 16  # 16-row n tiles of a slice, shared out among the consumer warpgroups
 ACC_REGISTERS = 176  # fp32 accumulators per consumer thread: n tiles x block_m / 2 (176 tokens with two warpgroups)
@@ -127,9 +130,11 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
     if t.b_load != "tma" or t.scale_load != "tma":
-        reasons.append("tuning.b_load / scale_load: the producer bulk-copies weights and group rows ('tma')")
+        reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r}: the producer bulk-copies weights "
+                       f"and group rows ('tma')")
     if t.cluster_m * t.cluster_n != 1:
-        reasons.append("clusters (multicast) are not generated yet for the warp-specialized pipeline")
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: clusters (multicast) are not generated yet for "
+                       f"the warp-specialized pipeline; allowed: 1x1")
     if t.stream_k:
         reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
     if t.ctas_per_sm != 1:
@@ -143,9 +148,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     t = tuning
     reasons = common_reasons(layer, compute, target) + layout_reasons(layer) + tuning_reasons(t)
     k_tiles = math.ceil(layer.k / t.block_k)
-    if t.split_k > k_tiles:
-        reasons.append(f"tuning.split_k={t.split_k} exceeds the {k_tiles} k tiles of K={layer.k} "
-                       f"with block_k={t.block_k}")
+    reasons += split_k_reasons(layer, t)
     if reasons:
         raise compose_error(reasons)
     dtype = layer.dtype
@@ -208,16 +211,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kSlicesPerN", k_pad // LAYOUT_WARP_K, "64-k slices per layout block of the packed weight"),
         ("kSmemAlign", SMEM_ALIGN, ""),
     ]
-    if t.split_k > 1:
-        constants.append(("kSplitK", t.split_k, "k slices reduced in the epilogue"))
-    constants += group_constants(group, t.block_k)
+    constants += split_k_constants(t) + group_constants(group, t.block_k)
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
-    if group is not None:
-        from humming_gen.pipelines.standard.skeleton import offset_constant
-
-        for i, tensor in enumerate(group.tensors):
-            constants.append(("k" + offset_constant(tensor) + "Offset", smem.a + smem.b + i * smem.group,
-                              f"{tensor} rows in a stage"))
+    constants += group_offset_constants(group, smem.a + smem.b, smem.group)
     launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,
                               split_k=t.split_k, slots=target.sm_count)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",

@@ -1,7 +1,7 @@
 """Tunings of the warp-specialized pipeline per M bucket (sm_90a).
 
-Every bucket reads the standard layout (so a layer keeps one packed weight) and uses tiles of at most 64 tokens
-(MAX_BLOCK_M): buckets differ in token tile, consumer warpgroups, split-K and stages.
+Every bucket reads the shared weight layout (so a layer keeps one packed weight), uses two consumer warpgroups
+and 256-row tiles; buckets differ in the token tile (64, 128 or 176), split-K and stages.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 
 
 def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
-    """The tuning of one bucket: the largest token tile up to MAX_BLOCK_M, two consumer warpgroups where N has
-    room for them, split-K until the units fill the SMs about once, and as many stages as shared memory holds."""
+    """The tuning of one bucket: a token tile of the bucket's M up to 128 (176 for the open-ended bucket), split-K
+    until the units fill the SMs about once, and as many stages as shared memory holds."""
     warpgroups = 2
     block_m = LARGE_M_BLOCK if m_max is None else min(128, math.ceil(m_max / 8) * 8)
     n_pad = math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N

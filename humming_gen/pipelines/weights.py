@@ -1,6 +1,6 @@
-"""QuantizedWeight (standard form) -> the tensors of the bit-plane weight layout (humming_gen.schemes.packing)
-on the target device. Both pipelines read this layout: the warp-specialized one maps a warp's 64-row slice onto
-its wgmma rows, so a layer's kernels of either pipeline share one packed copy."""
+"""QuantizedWeight (standard form) -> the tensors of the shared bit-plane weight layout (humming_gen.schemes.packing,
+pipelines.common.SHARED_LAYOUT) on the target device. Both pipelines read it: the warp-specialized one maps a
+warp's 64-row slice onto its wgmma rows, so a layer's kernels of either pipeline share one packed copy."""
 
 from __future__ import annotations
 
