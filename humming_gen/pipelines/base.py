@@ -104,7 +104,6 @@ class WeightLayout:
     k_pad: int
     group_size: int | None   # kernel group size along K (GroupPlan.group_size), None without group parameters
     group_rows: int | None
-    group_tensors: tuple[str, ...]
     out_scale: bool          # channel / tensor / global scales folded into a per-column fp32 vector
     code_offset: int         # XOR applied to stored codes (signed -> offset binary)
     converter_bias: float    # what the converter adds (magic number), for zero-point packing

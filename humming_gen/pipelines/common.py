@@ -142,7 +142,7 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: Grou
     s = layer.scheme
     return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=padded_k(layer),
                         group_size=group.group_size if group else None, group_rows=group.rows if group else None,
-                        group_tensors=group.tensors if group else (), out_scale=has_out_scale(s),
+                        out_scale=has_out_scale(s),
                         code_offset=kernel_codes_offset(s.weight),
                         converter_bias=select_converter(s.weight, layer.dtype).bias, zero_point=s.zero_point,
                         dtype=layer.dtype)

@@ -16,7 +16,7 @@ import torch
 
 from humming_gen.schemes.converters.bits import pack, unpack
 from humming_gen.schemes.converters.common import (
-    Tensors, check_dtype, check_shape, config_get, config_int, f32, g_idx_of, group_order, named, offset_to_signed,
+    Tensors, check_dtype, check_shape, config_int, f32, g_idx_of, group_order, named, offset_to_signed,
     scale_dtype_name, torch_scale_dtype)
 from humming_gen.schemes.scheme import QuantizedWeight, QuantScheme
 
