@@ -6,12 +6,26 @@ import torch
 
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
+from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _OUT_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_INT32_MAX = 2**31 - 1  # the kernels' lda / ldc are 32-bit ints
+
+
+def _as_rows(t: torch.Tensor, cols: int) -> torch.Tensor | None:
+    """t (..., cols) as an (m, cols) view with unit column stride, or None when no single row stride exists."""
+    if t.dim() == 2:
+        rows = t
+    else:
+        try:
+            rows = t.view(-1, cols)
+        except RuntimeError:
+            return None
+    return rows if rows.stride(1) == 1 or cols == 1 else None
 
 
 class QuantLinear(torch.nn.Module):
@@ -78,6 +92,7 @@ class QuantLinear(torch.nn.Module):
         # One launcher per bucket, with weights, scales, bias and split-K scratch bound once.
         self._launchers = [(m_max, kernel.bind(self.weight, self.bias, self.device, m_max))
                            for m_max, kernel in self._buckets]
+        self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -110,7 +125,8 @@ class QuantLinear(torch.nn.Module):
     def kernels(self) -> list:
         return list(self._kernels.values())
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError / TypeError naming what is wrong with an activation (metadata only: fake tensors pass too)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != self.dtype:
@@ -119,25 +135,83 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"x has shape {tuple(x.shape)}; expected (..., {self.in_features})")
         if x.device != self.device:
             raise ValueError(f"x is on {x.device}; the layer's weights are on {self.device}")
-        if not x.is_contiguous():
-            raise ValueError(f"x must be contiguous (strides {x.stride()} for shape {tuple(x.shape)}); "
-                             f"call .contiguous() first")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
-        a = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+    def check_out(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """ValueError / TypeError naming what is wrong with a caller's output tensor for input `x`."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != self.out_dtype:
+            raise ValueError(f"out has dtype {out.dtype}; this layer writes {self.out_dtype} (its out_dtype)")
+        expected = (*x.shape[:-1], self.out_features)
+        if tuple(out.shape) != expected:
+            raise ValueError(f"out has shape {tuple(out.shape)}; expected {expected} for x of shape {tuple(x.shape)}")
+        if out.device != self.device:
+            raise ValueError(f"out is on {out.device}; the layer's weights are on {self.device}")
+
+    def _out_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """`out` as an (m, N) matrix the kernel writes through its row stride ldc, or a ValueError saying why not:
+        unit column stride, rows evenly spaced (any leading dims collapse into one row index), rows disjoint."""
+        n = self.out_features
+        c = _as_rows(out, n)
+        if c is None:
+            raise ValueError(f"out has strides {out.stride()} for shape {tuple(out.shape)}; the kernel writes a "
+                             f"unit column stride (out.stride(-1) == 1) and rows evenly spaced (leading dimensions "
+                             f"that collapse into one row index, as out.view(-1, {n}) does)")
+        if c.shape[0] == 0:
+            return c
+        if c.shape[0] == 1:
+            return c.as_strided((1, n), (n, 1))  # one row: its row stride is never used
+        if not n <= c.stride(0) <= _INT32_MAX:
+            raise ValueError(f"out has strides {out.stride()} for shape {tuple(out.shape)}; its rows must be "
+                             f"disjoint and evenly spaced: a row stride in [{n}, {_INT32_MAX}] elements, got "
+                             f"{c.stride(0)}")
+        return c
+
+    def _activation_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x as the (m, K) matrix the kernel reads, copied only where the kernel cannot read it in place: columns
+        not unit-strided, rows not evenly spaced, a row stride that is not a multiple of 8 elements (16 bytes) or
+        not 16-byte aligned, K % 8 != 0 (padded with zeros), an act-order permutation (a gather)."""
+        k = self.in_features
+        a = _as_rows(x, k)
+        if a is None:
+            a = x.reshape(-1, k).contiguous()  # a copy: no single row stride reaches every row
         m = a.shape[0]
-        out = torch.empty(m, self.out_features, dtype=self.out_dtype, device=self.device)
-        if m:
-            if self.weight.k_perm is not None:
-                a = a[:, self.weight.k_perm]
-            if self.in_features % 8 or a.data_ptr() % 16:
-                a = torch.nn.functional.pad(a, (0, (-self.in_features) % 8)).contiguous()
-            for m_max, launcher in self._launchers:
-                if m_max is None or m <= m_max:
-                    launcher(a, out)
-                    break
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        if m == 1:
+            a = a.as_strided((1, k), (k, 1))  # one row: its row stride is never used
+        if self.weight.k_perm is not None:
+            a = a[:, self.weight.k_perm]
+        if k % 8 or a.stride(0) % 8 or a.data_ptr() % 16 or a.stride(0) > _INT32_MAX:
+            a = torch.nn.functional.pad(a, (0, (-k) % 8)).contiguous()
+        return a
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out = x @ W^T (+ bias) for checked `x` (..., K) and `out` (..., N) (`check_input`, `check_out`)."""
+        c = self._out_rows(out)
+        m = c.shape[0]
+        if m == 0:
+            return
+        a = self._activation_rows(x)
+        for m_max, launcher in self._launchers:
+            if m_max is None or m <= m_max:
+                launcher(a, c)
+                return
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """y = x @ W^T (+ bias) through the `humming_gen::gemm` op (or `gemm_out` into `out`, returned).
+
+        x: (..., K) of the layer's dtype. Rows may be strided (a slice of a larger buffer): read in place where
+        the kernel can (`_activation_rows` says when it copies).
+        out: optional (..., N) tensor of the layer's out_dtype with a unit column stride and evenly spaced rows.
+        """
+        # Types first: the op's schema would refuse other values with a less helpful message.
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if out is None:
+            return torch.ops.humming_gen.gemm(x, self._op_id)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        torch.ops.humming_gen.gemm_out(x, out, self._op_id)
+        return out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme=({self.scheme.summary()}), "

@@ -158,8 +158,9 @@ def test_bad_inputs_raise_before_launch():
         layer(torch.randn(4, 512, device="cuda", dtype=torch.float16))
     with pytest.raises(ValueError, match=r"\(\.\.\., 512\)"):
         layer(torch.randn(4, 500, device="cuda", dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="contiguous"):
-        layer(torch.randn(512, 4, device="cuda", dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match=r"out has dtype torch.float16"):
+        layer(torch.randn(4, 512, device="cuda", dtype=torch.bfloat16),
+              out=torch.empty(4, 256, device="cuda", dtype=torch.float16))
     with pytest.raises(ValueError, match="cpu"):
         layer(torch.randn(4, 512, dtype=torch.bfloat16))
 
