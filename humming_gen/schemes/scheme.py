@@ -385,6 +385,13 @@ class QuantizedWeight:
             w = out
         return w.to(dtype)
 
+    def shard(self, dim: int, rank: int, world_size: int) -> "QuantizedWeight":
+        """Rank `rank`'s tensor-parallel part: dim=0 splits N (column-parallel, outputs concatenate), dim=1 splits
+        K (row-parallel, outputs sum). Refuses a split that cuts a group or block (humming_gen.schemes.shard)."""
+        from humming_gen.schemes.shard import shard_weight
+
+        return shard_weight(self, dim, rank, world_size)
+
     def to(self, device: "torch.device | str") -> "QuantizedWeight":
         def mv(t):
             return None if t is None else t.to(device)
