@@ -1,11 +1,14 @@
 """A few small layers for compute-sanitizer (memcheck / racecheck / synccheck): split-K, warp-k reduction, zero
 points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
-(int8 at M = 700); every sampled case runs one unit per CTA, and no clusters are launched). Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them."""
+(int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
+persistent grid (more units than SMs); no clusters are launched). Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them."""
 
+import attrs
 import torch
 
 import humming_gen as hg
+from humming_gen.pipelines.base import TuningPlan
 from humming_gen.reference import reference_gemm
 
 CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200)),
@@ -14,7 +17,8 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          (dict(weight="int4", group_size=7), 300, 1000, True, (1, 40)),  # odd group: rows past K, pair straddles
          (dict(weight="uint4", group_size=100, zero_point="float"), 256, 1000, False, (2, 130)),
          (dict(weight="uint4", group_size=64, zero_point="int"), 576, 1000, True, (65, 300)),
-         (dict(weight="int8"), 1024, 2048, False, (64, 700))]
+         (dict(weight="int8"), 1024, 2048, False, (64, 700)),
+         (dict(weight="int4", group_size=128), 8192, 1024, False, (700,))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
 
 worst = 0.0
@@ -30,5 +34,13 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES):
         y = layer(x)
         ref = reference_gemm(x.double(), qw, bias=None if bias is None else bias.double())
         worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
+
+# split-K slices that wait for each other across waves of the persistent grid
+qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(1024, 4096, device="cuda") * 0.05)
+tuning = attrs.evolve(hg.QuantLinear.from_quantized(qw).tunings.for_m(600), split_k=8)
+layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
+x = torch.randn(600, 4096, device="cuda").bfloat16()
+ref = reference_gemm(x.double(), qw)
+worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
 torch.cuda.synchronize()
 print(f"sanitize sample: max relative error {worst:.2e}, pipelines {sorted(pipelines)}")

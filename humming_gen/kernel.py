@@ -6,11 +6,12 @@ import hashlib
 import struct
 from typing import Any
 
+import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
 from humming_gen.pipelines.base import (ACTIVATION, BIAS, CTYPES, LDA, LDC, OUTPUT, ROWS, SCRATCH, WEIGHT,
-                                        KernelArg)
+                                        KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
@@ -127,11 +128,23 @@ class Launcher:
         self._struct = kernel._struct
         self._fn = None
         self._grid, self._block, self._smem, self._pdl = plan.grid, (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
+        if isinstance(plan.launch, PersistentLaunch) and self.device.type == "cuda":
+            self._grid = self._resident_grid(plan.launch)
         self._cluster = plan.launch.cluster
         self._scratch_rows = 0
         self._scratch: dict[str, torch.Tensor] = {}
         if self._scratch_slots:
             self._grow_scratch(max_m or plan.tuning.block_m)
+
+    def _resident_grid(self, launch: PersistentLaunch):
+        """A persistent grid within this device's SMs: its split-K slices wait for each other, which needs every CTA
+        resident (the target's SM count may be another part's: an sm_90a kernel on a 114- or 78-SM H100 / H20)."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        if launch.split_k > sms:
+            raise ValueError(f"kernel {self.kernel.name}: split_k={launch.split_k} needs at least {launch.split_k} "
+                             f"SMs resident at once; {self.device} has {sms}. Choose split_k <= {sms}")
+        resident = attrs.evolve(launch, slots=min(launch.slots, sms))
+        return resident.grid
 
     def _bound_value(self, a: KernelArg) -> int:
         if a.kind == WEIGHT:

@@ -94,6 +94,8 @@ __device__ __forceinline__ u32 smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(u32 smem_dst, const void* gmem_src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
 }
+// Every cp.async of this thread has landed (a producer leaving with arrivals still pending on its full barriers).
+__device__ __forceinline__ void cp_async_drain() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // ---- ptx.Prmt()
 // ptx: byte permute, used to broadcast one 16-bit lane into a pair or to merge two lanes.
@@ -428,6 +430,7 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
     }
   }
   allow_next_grid();  // the next kernel may start its weight prefetch once SMs free up
+  cp_async_drain();  // no copy (nor its arrival on a full barrier) outlives the thread that issued it
 }
 
 // Consumer warpgroup kWg: n tiles kWg * kWarpNTiles .. + kWarpNTiles of every warp slice (a compile-time choice, so

@@ -100,3 +100,32 @@ def test_unsupported_target_request_is_refused():
     tuning = choose_tunings(layer, get_target("sm_90a")).for_m(1024)
     with pytest.raises(ComposeError, match="wgmma"):
         compose(layer, ComputeConfig(), tuning, get_target("sm_89"))
+
+
+def test_split_k_slices_across_waves():
+    """Every split-K slice waits for its tile's others and sums a share: with more units than SMs, the slices of one
+    tile run on both sides of a wave of the persistent grid. It must finish, match the reference, and leave the
+    arrival counters at zero (the second and third runs agree bitwise with the first)."""
+    import attrs
+
+    from humming_gen.pipelines.base import TuningPlan
+
+    torch.manual_seed(11)
+    n, k, m = 1024, 4096, 600
+    qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    heuristic = hg.QuantLinear.from_quantized(qw).tunings.for_m(m)
+    tuning = attrs.evolve(heuristic, split_k=8)
+    layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
+    plan = layer.kernel_for(m).plan
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan.pipeline == "warp_specialized" and plan.launch.units(m) > sms, (plan.launch.units(m), sms)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    outs = []
+    for _ in range(3):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        layer.kernel_for(m).launch(x, layer.weight, out, None)
+        outs.append(out)
+    ref = reference_gemm(x.double(), qw)
+    assert torch.isfinite(outs[0]).all()
+    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < TOLERANCE[torch.bfloat16]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -30,6 +30,27 @@ class SplitKReduce(Component):
         return frozenset({"arrive_and_count", "reset_counter", "fence_gpu", "load_cg"} | named)
 
 
+@attrs.frozen
+class SplitKParallelReduce(Component):
+    """Every slice of a tile sums its share of the split-K partials (a persistent grid whose CTAs are all
+    resident), so no CTA reads kSplitK partial tiles alone: the mid-M cliff of skinny layers."""
+
+    template: ClassVar[str] = "epilogue/split_k_reduce_parallel.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    ptx: ClassVar[tuple[str, ...]] = ("global_sync", "global_wait")
+    provides: ClassVar[frozenset[str]] = frozenset({"kSplitAccPerThread", "kSplitFragments", "split_k_tile",
+                                                   "split_k_publish", "split_k_share_begin", "split_k_sum",
+                                                   "split_k_depart"})
+    split_k: int
+    sync: str
+    leader: str
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        named = {"consumer_sync"} if "consumer_sync" in self.sync else set()
+        return frozenset({"arrive_and_count", "reset_counter", "fence_gpu", "load_cg", "wait_count"} | named)
+
+
 _OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}
 
 
@@ -39,12 +60,17 @@ class StoreOutput(Component):
 
     template: ClassVar[str] = "epilogue/store_output.cuh.j2"
     family: ClassVar[str] = "epilogue"
-    provides: ClassVar[frozenset[str]] = frozenset({"store_output"})
     dtype: str
     out_dtype: str
     out_scale: bool
     bias: bool
     atom: MmaAtom = attrs.field(default=MMA_SYNC_M16N8K16, metadata={"listed_when_set": True})
+    # store_fragment (one accumulator fragment from values in hand: a split-K share) instead of store_output
+    fragment_store: bool = option_field()
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"store_fragment" if self.fragment_store else "store_output"})
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -56,11 +82,8 @@ class StoreOutput(Component):
                          | ({"to_float"} if self.bias else set()))
 
     def extra_context(self) -> dict:
-        value = "acc[nt][mt][2 * half + j]"
-        if self.out_scale:
-            value += " * scale"
-        if self.bias:
-            value += " + bias"
-        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value, "c_row": self.atom.c_row_expr,
+        suffix = (" * scale" if self.out_scale else "") + (" + bias" if self.bias else "")
+        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": "acc[nt][mt][2 * half + j]" + suffix,
+                "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
                 "out_convert": "" if self.out_dtype == "float32" else "from_float"}

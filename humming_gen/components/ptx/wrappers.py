@@ -32,7 +32,8 @@ class CpAsync(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"cp_async_16"} | ({"cp_async_commit", "cp_async_wait"} if self.groups else set()))
+        return frozenset({"cp_async_16"} | ({"cp_async_commit", "cp_async_wait"} if self.groups
+                                            else {"cp_async_drain"}))
 
 
 @attrs.frozen
@@ -125,6 +126,15 @@ class GlobalSync(Component):
 
 
 @attrs.frozen
+class GlobalWait(Component):
+    """An acquire spin on a global counter (the split-K share reduction waits for a tile's slices)."""
+
+    template: ClassVar[str] = "ptx/global_wait.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"wait_count"})
+
+
+@attrs.frozen
 class Mbarrier(Component):
     """mbarrier init / arrive / expect_tx / parity wait, and cp.async completion as an arrival."""
 
@@ -177,14 +187,15 @@ class NamedBarrier(Component):
 
 WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "and_or": AndOr,
-    "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "grid_dependency": GridDependency,
+    "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait,
+    "grid_dependency": GridDependency,
     "cp_async_copy": CpAsync, "mbarrier": Mbarrier, "bulk_copy": BulkCopy, "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg,
     "named_barrier": NamedBarrier,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "ldmatrix", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar",
-             "global_sync", "grid_dependency", "mbarrier", "bulk_copy", "async_proxy_fence", "setmaxnreg",
+             "global_sync", "global_wait", "grid_dependency", "mbarrier", "bulk_copy", "async_proxy_fence", "setmaxnreg",
              "named_barrier")
 
 

@@ -16,7 +16,7 @@ import math
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
@@ -169,10 +169,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     schedule: list[Component] = [PersistentSchedule(split_k=t.split_k)]
     epilogue: list[Component] = []
     if t.split_k > 1:
-        epilogue.append(SplitKReduce(split_k=t.split_k, sync="consumer_sync()",
-                                     leader=f"threadIdx.x == {PRODUCER_THREADS}"))
+        epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
+                                             leader=f"threadIdx.x == {PRODUCER_THREADS}"))
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP))
+                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1))
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix="_ws")
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
