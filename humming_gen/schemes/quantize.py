@@ -217,19 +217,45 @@ def quantize_weight(scheme: QuantScheme, w: torch.Tensor) -> QuantizedWeight:
 # --- activations ----------------------------------------------------------------------------------------------
 @attrs.define(eq=False)
 class QuantizedActivation:
-    """Quantized activations (..., K).
+    """Quantized activations (..., K), in one of two layouts.
 
-    codes: uint8 raw element codes, shape of the input. scales: float32 decoded scales, (..., 1) per token,
-    (..., ceil(K / group_size)) per group, (1, ..., 1) per tensor. global_scale: float32 scalar or None.
+    layout "reference" (`ActivationScheme.quantize`): codes uint8, one raw element code per byte, shape of the
+    input; scales float32 decoded values, (..., 1) per token, (..., ceil(K / group_size)) per group, (1, ..., 1)
+    per tensor; global_scale float32 scalar or None.
+    layout "kernel" (`humming_gen.quantize_activation`, the layout GEMM kernels read; docs/FORMATS.md 4.1): codes
+    uint8 (..., K) for 8-bit formats or (..., K / 2) for 4-bit ones (element 2j in the low nibble of byte j), rows
+    16-byte aligned (stride(-2) = K bytes rounded up to 16; the bytes past the row's end are unspecified); scales
+    of the same shapes as the reference's, row-major, as raw bits of the scheme's scale dtype (float32 / bfloat16 /
+    float16 tensors, uint8 codes for the 8-bit formats e4m3, e5m2, e8m0); global_scale as the reference's.
+    `to_reference()` turns a kernel-layout result into the reference layout.
     """
 
     scheme: ActivationScheme
     codes: torch.Tensor
     scales: torch.Tensor
     global_scale: torch.Tensor | None = None
+    layout: str = "reference"
+
+    def to_reference(self) -> "QuantizedActivation":
+        """The reference layout of the same codes and scales (unpacked codes, float32 decoded scales)."""
+        if self.layout == "reference":
+            return self
+        codes = self.codes
+        if self.scheme.dtype.bits == 4:
+            low, high = codes & 0xF, codes >> 4
+            codes = torch.stack([low, high], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
+        codes = codes.contiguous()
+        sd = self.scheme.scale_dtype
+        scales = self.scales
+        if scales.dtype == torch.uint8:
+            scales = sd.decode(scales.to(torch.int64))
+        scales = scales.to(torch.float32)
+        return QuantizedActivation(self.scheme, codes, scales, self.global_scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Exact value of every element: decode(code) * scale (* global scale)."""
+        if self.layout != "reference":
+            return self.to_reference().dequantize(dtype)
         k = self.codes.shape[-1]
         v = self.scheme.dtype.decode(self.codes).to(torch.float64)
         s = self.scales.to(torch.float64)

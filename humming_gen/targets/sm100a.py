@@ -32,7 +32,7 @@ SM_100A = attrs.evolve(
     smem_per_block_optin=232448,  # 227 KB
     smem_per_sm=233472,
     l2_bytes=126 * 2**20,
-    features=(SM_90A.features - {"wgmma"}) | {"tcgen05", "tcgen05_int8", "mx_block_scale"},
+    features=(SM_90A.features - {"wgmma"}) | {"tcgen05", "tcgen05_int8", "mx_block_scale", "cvt_fp4"},
     mma_shapes=_with_umma(dict(SM_90A.mma_shapes), UMMA_PAIRS),
     predecessor="sm_90a",
 )

@@ -1,4 +1,4 @@
-"""sm_89 (Ada: L4, L40, RTX 40): sm_86 plus e4m3/e5m2 mma.sync."""
+"""sm_89 (Ada: L4, L40, RTX 40): sm_86 plus e4m3/e5m2 mma.sync and fp32 -> fp8 conversion instructions."""
 
 import attrs
 
@@ -14,7 +14,7 @@ SM_89 = attrs.evolve(
     arch="sm_89",
     sm_count=128,                 # RTX 4090 (L40 / L40S: 142, L4: 58)
     l2_bytes=72 * 2**20,
-    features=SM_86.features | {"mma_fp8"},
+    features=SM_86.features | {"mma_fp8", "cvt_fp8"},
     mma_shapes={**SM_86.mma_shapes, **{pair: ("m16n8k32",) for pair in FP8_PAIRS}},
     predecessor="sm_86",
 )

@@ -20,6 +20,8 @@ FEATURES = frozenset({
     "ldmatrix",        # ldmatrix shared->register fragment loads
     "mma_bf16",        # bf16 mma.sync (sm_80+)
     "mma_fp8",         # e4m3/e5m2 mma.sync (sm_89+)
+    "cvt_fp8",         # cvt.rn.satfinite.{e4m3,e5m2}x2.f32: fp32 -> fp8 pair conversion (sm_89+)
+    "cvt_fp4",         # cvt.rn.satfinite.e2m1x2.f32: fp32 -> fp4 pair conversion (sm_100a, sm_103a, sm_120a, sm_121a)
     "mma_int8",        # s8/u8 mma.sync
     "mma_int4",        # s4/u4 mma.sync
     "tma",             # cp.async.bulk.tensor with mbarrier completion

@@ -1,0 +1,334 @@
+"""Activation-quantization kernels: `QuantizeConfig` (what to generate) -> components -> source -> compiled kernel.
+
+One config gives one kernel. A dynamic per-tensor scale (granularity "tensor", or the NVFP4 global scale) takes two:
+`stage="amax"` writes kPartials per-CTA amaxes, the quantize kernel reduces them (no atomics, no host sync).
+
+Strategies (chosen here, in Python): per token and per tensor, one CTA per row (`quantize_rows`); per group, lanes
+of a warp share a group when the group is a power-of-two number of vectors of at most a warp (`quantize_group_lanes`),
+else one thread per group (`quantize_group_threads`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import struct
+from typing import Any
+
+import attrs
+
+from humming_gen.activation.components import (BlockMax, BlockScaleRule, ElementCode, Rounding, ScalarPtx,
+                                               Skeleton, StaticScale, VectorIO, hardware_convert)
+from humming_gen.components.ptx.wrappers import GridDependency
+from humming_gen.formats import FloatType, IntType
+from humming_gen.schemes.scheme import ActivationScheme
+from humming_gen.targets import Target
+
+INPUT_DTYPES = ("bfloat16", "float16", "float32")
+STAGES = ("quantize", "amax")
+THREADS = 256
+PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
+VERSION = "0.1.0"
+
+
+def scheme_problems(scheme: ActivationScheme) -> list[str]:
+    """Why the kernels cannot quantize with `scheme` (empty when they can)."""
+    problems = []
+    elem = scheme.dtype
+    if isinstance(elem, IntType):
+        if not elem.signed or elem.bits < 2:
+            problems.append(f"element format {elem.name}: integer activations must be signed with >= 2 bits")
+    elif not (isinstance(elem, FloatType) and elem.is_signed and elem.subnormals and elem.exponent_bits > 0):
+        problems.append(f"element format {elem.name}: float activations must be signed, with exponent bits and "
+                        f"subnormals")
+    if elem.bits not in (4, 8):
+        problems.append(f"element format {elem.name} has {elem.bits} bits; the kernels store 8-bit codes or 4-bit "
+                        f"codes two per byte")
+    if scheme.global_scale and scheme.granularity != "group":
+        problems.append(f"a global scale needs granularity 'group', got {scheme.granularity!r}")
+    if scheme.global_scale and scheme.scale_dtype.name == "float8e8m0":
+        problems.append("a global scale with e8m0 block scales has no reference rule")
+    if elem.bits == 4 and scheme.granularity == "group" and scheme.group_size % 2:
+        problems.append(f"4-bit codes are stored two per byte, so a group must have an even size, got "
+                        f"{scheme.group_size}")
+    return problems
+
+
+@attrs.frozen
+class QuantizeConfig:
+    """What one activation-quantization kernel does.
+
+    wide: 16-byte loads (the caller checked that K, the row stride and the pointer are multiples of 16 bytes);
+    otherwise element loads. static: the per-tensor (or NVFP4 global) scale is read from a device pointer.
+    hardware_convert: use the target's cvt pair conversion where the element format has one (tests turn it off
+    to run the software rounding on the same device).
+    """
+
+    scheme: ActivationScheme
+    input_dtype: str
+    target: Target
+    static: bool = False
+    wide: bool = True
+    stage: str = "quantize"
+    hardware_convert: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.input_dtype not in INPUT_DTYPES:
+            raise ValueError(f"QuantizeConfig.input_dtype: got {self.input_dtype!r}; allowed: {INPUT_DTYPES}")
+        if self.stage not in STAGES:
+            raise ValueError(f"QuantizeConfig.stage: got {self.stage!r}; allowed: {STAGES}")
+        problems = scheme_problems(self.scheme)
+        if self.static and not (self.scheme.granularity == "tensor" or self.scheme.global_scale):
+            problems.append(f"a static scale needs granularity 'tensor' or a global scale, got granularity "
+                            f"{self.scheme.granularity!r}")
+        if self.stage == "amax" and not self.needs_amax_pass:
+            problems.append("stage 'amax' exists only for a dynamic per-tensor or global scale")
+        if problems:
+            raise ValueError("activation quantization: " + "; ".join(problems))
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return self.scheme.dtype.bits
+
+    @property
+    def needs_amax_pass(self) -> bool:
+        dynamic_tensor = self.scheme.granularity == "tensor" and not self.scheme.global_scale
+        return not self.static and (dynamic_tensor or self.scheme.global_scale)
+
+    @property
+    def vector(self) -> int:
+        """Elements per thread step: 16 bytes when wide, else one element (two for 4-bit codes, one byte)."""
+        if self.wide:
+            return 4 if self.input_dtype == "float32" else 8
+        return 2 if self.bits == 4 else 1
+
+    @property
+    def group_lanes(self) -> int | None:
+        """Lanes per group when a group is a power-of-two number (<= 32) of vectors, else None."""
+        g = self.scheme.group_size
+        if self.scheme.granularity != "group" or g % self.vector:
+            return None
+        lanes = g // self.vector
+        return lanes if lanes <= 32 and lanes & (lanes - 1) == 0 else None
+
+    @property
+    def kind(self) -> str:
+        if self.stage == "amax":
+            return "tensor_amax"
+        if self.scheme.granularity != "group":
+            return "quantize_rows"
+        return "quantize_group_lanes" if self.group_lanes else "quantize_group_threads"
+
+    @property
+    def convert(self) -> str | None:
+        found = hardware_convert(self.scheme.dtype)
+        if not self.hardware_convert or found is None or not self.target.has(found[1]):
+            return None
+        return found[0]
+
+    @property
+    def pdl(self) -> bool:
+        return self.target.has("pdl")
+
+    @property
+    def scale_bits(self) -> int:
+        return self.scheme.scale_dtype.bits
+
+    def to_dict(self) -> dict:
+        return {"scheme": self.scheme.to_dict(), "input_dtype": self.input_dtype, "target": self.target.name,
+                "static": self.static, "wide": self.wide, "stage": self.stage,
+                "hardware_convert": self.hardware_convert}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def summary(self) -> str:
+        s = self.scheme
+        gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
+        parts = [f"activation_quantize stage={self.stage} {self.input_dtype} -> {s.dtype.name}",
+                 f"scale={s.scale_dtype.name}/{gran}"]
+        if s.scale_dtype.name == "float8e8m0":
+            parts.append(f"rule={s.scale_rule}")
+        if s.global_scale:
+            parts.append("global_scale=" + ("static" if self.static else "dynamic"))
+        elif s.granularity == "tensor":
+            parts.append("static" if self.static else "dynamic")
+        parts += [f"loads={'16B' if self.wide else 'element'}", f"convert={self.convert or 'software'}"]
+        return " ".join(parts)
+
+    @property
+    def kernel_name(self) -> str:
+        s = self.scheme
+        gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
+        name = f"act_{self.stage}_{s.dtype.name}_{gran}_{s.scale_dtype.name}_{self.input_dtype}_{self.target.name}"
+        return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
+
+
+def components(cfg: QuantizeConfig) -> list:
+    """The components of a config's kernel, in section order."""
+    s = cfg.scheme
+    e8m0 = s.scale_dtype.name == "float8e8m0"
+    partials = cfg.needs_amax_pass and cfg.stage == "quantize"
+    out: list = []
+    if cfg.pdl:
+        out.append(GridDependency())
+    out.append(ScalarPtx(input_dtype=cfg.input_dtype, convert=cfg.convert if cfg.stage == "quantize" else None,
+                         f64=e8m0 and cfg.stage == "quantize", f64_from_bits=e8m0 and s.scale_rule == "even"))
+    if cfg.stage == "quantize":
+        encoders = [] if cfg.convert else [s.dtype]
+        decoders = []
+        if not e8m0 and s.scale_dtype.name != "float32" and not (s.granularity == "tensor" and cfg.static):
+            encoders.append(s.scale_dtype)
+            decoders.append(s.scale_dtype)
+        encoders = list(dict.fromkeys(encoders))
+        floor = None
+        if s.dtype.is_float and not e8m0 and not s.global_scale:
+            from humming_gen.schemes.quantize import element_qmax
+
+            floor = 1.0 / (element_qmax(s.dtype) * 512.0)
+        divisor = None
+        if s.global_scale and not cfg.static:
+            from humming_gen.schemes.quantize import element_qmax
+
+            top = s.scale_dtype.max_finite if s.scale_dtype.bits <= 8 else 1.0
+            divisor = element_qmax(s.dtype) * top
+        out.append(Rounding(encoders=tuple(encoders), decoders=tuple(decoders)))
+        if not (s.granularity == "tensor" and cfg.static):
+            out.append(BlockScaleRule(element=s.dtype, scale_dtype=s.scale_dtype, scale_rule=s.scale_rule,
+                                      floor=floor, global_scale=s.global_scale, global_divisor=divisor))
+        else:
+            out.append(StaticScale())
+        out.append(ElementCode(element=s.dtype, convert=cfg.convert,
+                               value_type="double" if s.global_scale else "float"))
+    out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
+                        quantize=cfg.stage == "quantize"))
+    if cfg.kind in ("tensor_amax", "quantize_rows") or partials:
+        out.append(BlockMax(partials=partials))
+    out.append(Skeleton(kind=cfg.kind, kernel_name=cfg.kernel_name, input_dtype=cfg.input_dtype,
+                        granularity=s.granularity, static=cfg.static, partials=partials,
+                        global_scale=("static" if cfg.static else "dynamic") if s.global_scale else None,
+                        scale_bits=cfg.scale_bits, pdl=cfg.pdl))
+    return out
+
+
+def constants(cfg: QuantizeConfig) -> list[tuple[str, int, str]]:
+    out = [("kThreads", THREADS, "threads per CTA"), ("kVector", cfg.vector, "elements per thread step"),
+           ("kCodeWords", max(1, cfg.vector * cfg.bits // 32 + (1 if cfg.vector * cfg.bits % 32 else 0)),
+            "32-bit words of one vector's codes")]
+    if cfg.scheme.granularity == "group" and cfg.stage == "quantize":
+        out.append(("kGroupSize", cfg.scheme.group_size, "elements per scale"))
+        if cfg.group_lanes:
+            out.append(("kGroupLanes", cfg.group_lanes, "lanes sharing one group"))
+    if cfg.needs_amax_pass:
+        out.append(("kPartials", PARTIALS, "per-CTA amaxes of the tensor_amax kernel"))
+    return out
+
+
+def param_fields(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
+    """(name, C type, comment) of the kernel's by-value Params struct, in packing order."""
+    s = cfg.scheme
+    fields = [("x", "const void*", f"activations (m, k) {cfg.input_dtype}, row stride ldx elements"),
+              ("ldx", "long long", "")]
+    if cfg.stage == "quantize":
+        fields += [("codes", "unsigned char*", f"{cfg.bits}-bit codes, row stride ldq bytes"), ("ldq", "long long", "")]
+        if not (s.granularity == "tensor" and cfg.static):
+            fields.append(("scales", "void*", f"{s.scale_dtype.name} scales, (m, groups) row-major"))
+        if s.granularity == "group":
+            fields.append(("groups", "long long", "scales per row: ceil(k / group size)"))
+        if cfg.kind == "quantize_group_lanes":
+            fields.append(("row_vectors", "long long", "vectors per row, rounded up to whole groups"))
+        if s.granularity == "tensor" and cfg.static:
+            fields.append(("tensor_scale", "const float*", "the static per-tensor scale"))
+        if s.global_scale:
+            fields.append(("global_scale", "float*", "read (static) or written (dynamic)"))
+    if cfg.needs_amax_pass:
+        fields.append(("partials", "float*", "per-CTA amaxes (kPartials)"))
+    fields += [("m", "long long", "rows"), ("k", "int", "elements per row")]
+    return fields
+
+
+CTYPE_FORMAT = {"const void*": "Q", "void*": "Q", "unsigned char*": "Q", "const float*": "Q", "float*": "Q",
+                "long long": "q", "int": "i"}
+
+
+def params_struct(cfg: QuantizeConfig) -> struct.Struct:
+    """struct.Struct packing Params with C alignment (8-byte fields aligned, tail padded to 8)."""
+    fmt = "<"
+    size = 0
+    for _, ctype, _ in param_fields(cfg):
+        code = CTYPE_FORMAT[ctype]
+        width = struct.calcsize(code)
+        pad = (-size) % width
+        fmt += "x" * pad + code
+        size += pad + width
+    return struct.Struct(fmt + "x" * ((-size) % 8))
+
+
+def generate(cfg: QuantizeConfig, compiler: str | None = None) -> str:
+    """The kernel's complete .cu (deterministic)."""
+    from humming_gen.codegen.render import environment
+    from humming_gen.runtime import compiler_version
+    from humming_gen.runtime.compile import resolve_compiler, resolve_options
+
+    name = resolve_compiler(compiler)
+    try:
+        version = compiler_version(name)
+        options = " ".join(resolve_options(cfg.target.arch, name))
+    except Exception:  # no compiler for this arch here: the source is still generated
+        version, options = name, "(not compiled here)"
+    env = environment()
+    comps = components(cfg)
+    header = env.get_template("activation/header.cuh.j2").render(
+        version=VERSION, kernel_name=cfg.kernel_name, key=cfg.key(), summary=cfg.summary(), target=cfg.target.name,
+        compiler=version, options=options, components=[c.describe() for c in comps],
+        config_json=json.dumps(cfg.to_dict(), sort_keys=True))
+    parts = ["\nnamespace hg {\n"]
+    family = None
+    for c in comps:
+        if c.family != family:
+            family = c.family
+            parts.append(f"\n// ======================================== {family}\n")
+        parts.append(f"\n// ---- {c.describe()}\n{env.get_template(c.template).render(**c.context())}")
+    parts.append("\n}  // namespace hg\n")
+    body = "".join(parts)
+    used = [c for c in constants(cfg) if re.search(rf"cfg::{c[0]}\b", body)]
+    return "".join([header, env.get_template("constants.cuh.j2").render(constants=used),
+                    env.get_template("params.cuh.j2").render(fields=param_fields(cfg)), body])
+
+
+@functools.lru_cache(maxsize=256)
+def build(cfg: QuantizeConfig, compiler: str | None = None) -> "QuantizeKernel":
+    """Generate and compile (memory and disk cache of humming_gen.runtime); one Kernel object per config."""
+    from humming_gen.runtime import compile_cached
+    from humming_gen.runtime.compile import resolve_compiler
+
+    source = generate(cfg, compiler)
+    compiled = compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
+    return QuantizeKernel(cfg, source, compiled)
+
+
+class QuantizeKernel:
+    """A compiled activation-quantization kernel; loaded on first launch."""
+
+    def __init__(self, cfg: QuantizeConfig, source: str, compiled: Any):
+        self.config, self.source, self.compiled = cfg, source, compiled
+        self.name = cfg.kernel_name
+        self.struct = params_struct(cfg)
+        self.fields = [f[0] for f in param_fields(cfg)]
+        self._functions: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"QuantizeKernel({self.name})"
+
+    def launch(self, grid: int, values: dict[str, int], device: int) -> None:
+        """Launch on torch's current stream with PDL where the target has it; `values` fills every Params field."""
+        from humming_gen.runtime import launch, load
+
+        fn = self._functions.get(device)
+        if fn is None:
+            fn = self._functions[device] = load(self.compiled, 0)
+        launch(fn, (grid, 1, 1), (THREADS, 1, 1), 0, self.struct.pack(*(values[f] for f in self.fields)),
+               pdl=self.config.pdl)
