@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("quickstart.py", "generated gemm_wint4g128"),
     ("custom_format.py", "w5a16-u5-g128-zp: gemm_wu5g128zi"),
     ("convert_checkpoint.py", "model.mlp.down_proj"),
+    ("quantize_model.py", "linear layers quantized"),
 ])
 def test_example_runs(script, expected, tmp_path):
     """The examples write where users can find them (the system temp dir): here that is inside tmp_path."""
