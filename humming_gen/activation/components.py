@@ -85,6 +85,7 @@ class Rounding(Component):
     family: ClassVar[str] = "numeric"
     encoders: tuple[DType, ...]
     decoders: tuple[DType, ...]
+    sign_of_difference: bool  # a float64 value rounded to fp32 first (narrow scale formats, NVFP4 quotients)
 
     def extra_context(self) -> dict[str, Any]:
         return {"formats": [format_constants(f) for f in self.encoders],

@@ -195,7 +195,8 @@ def components(cfg: QuantizeConfig) -> list:
 
             top = s.scale_dtype.max_finite if s.scale_dtype.bits <= 8 else 1.0
             divisor = element_qmax(s.dtype) * top
-        out.append(Rounding(encoders=tuple(encoders), decoders=tuple(decoders)))
+        out.append(Rounding(encoders=tuple(encoders), decoders=tuple(decoders),
+                            sign_of_difference=bool(decoders) or s.global_scale))
         if not (s.granularity == "tensor" and cfg.static):
             out.append(BlockScaleRule(element=s.dtype, scale_dtype=s.scale_dtype, scale_rule=s.scale_rule,
                                       floor=floor, global_scale=s.global_scale, global_divisor=divisor))
