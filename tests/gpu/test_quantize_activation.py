@@ -1,0 +1,170 @@
+"""humming_gen.quantize_activation on the GPU against ActivationScheme.quantize (CPU, float64): codes and scales bit
+for bit, for every scheme kind and kernel strategy, fresh random inputs with outliers, outputs poisoned first."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.schemes.scheme import ActivationScheme as A
+
+pytestmark = pytest.mark.gpu
+
+SCHEMES = {
+    "fp8e4m3-token": A("float8e4m3"),
+    "fp8e5m2-token": A("float8e5m2"),
+    "int8-token": A("int8"),
+    "int4-token": A("int4"),
+    "fp8e4m3-g128": A("float8e4m3", granularity="group", group_size=128),
+    "fp8e4m3-g32": A("float8e4m3", granularity="group", group_size=32),
+    "fp8e4m3-g100": A("float8e4m3", granularity="group", group_size=100),
+    "int8-g64-bf16scale": A("int8", granularity="group", group_size=64, scale_dtype="bfloat16"),
+    "int4-g32": A("int4", granularity="group", group_size=32),
+    "fp8e4m3-tensor": A("float8e4m3", granularity="tensor"),
+    "int8-tensor": A("int8", granularity="tensor"),
+    "mxfp8-rceil": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0"),
+    "mxfp8-floor": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="floor"),
+    "mxfp8-even": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="even"),
+    "nvfp4": A("float4e2m1", granularity="group", group_size=16, scale_dtype="float8e4m3", global_scale=True),
+}
+
+
+def _poison_allocator(device: torch.device, nbytes: int = 64 << 20) -> None:
+    """Fill the caching allocator's free blocks with 0xAB, so outputs that a kernel leaves unwritten show."""
+    junk = torch.full((nbytes,), 0xAB, dtype=torch.uint8, device=device)
+    del junk
+
+
+def _random(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 10.0 ** torch.randint(-3, 3, (m, 1), generator=g).float()
+    outliers = torch.rand(m, k, generator=g) < 0.002
+    x = torch.where(outliers, x * 60.0, x)
+    x[m // 2, : k // 3] = 0.0  # a block of zeros
+    return x.to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (a NaN block's scale is NaN in both)."""
+    a, b = a.to(torch.float32), b.to(torch.float32)
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _check(got: hg.QuantizedActivation, x: torch.Tensor, scheme: A, static_scale=None) -> None:
+    from humming_gen.schemes.quantize import quantize_activation as reference
+
+    want = reference(scheme, x.cpu(), None if static_scale is None else static_scale.cpu())
+    ref = got.to_reference()
+    codes = ref.codes.cpu()
+    assert codes.shape == want.codes.shape
+    bad = (codes != want.codes).nonzero()
+    assert bad.numel() == 0, (f"{bad.shape[0]} codes differ, first at {bad[0].tolist()}: got "
+                              f"{int(codes[tuple(bad[0])])}, want {int(want.codes[tuple(bad[0])])}, "
+                              f"x={float(x.cpu()[tuple(bad[0])])}")
+    assert _same(ref.scales.cpu(), want.scales), f"scales differ: {ref.scales.cpu()} vs {want.scales}"
+    if want.global_scale is not None:
+        assert _same(ref.global_scale.cpu().reshape(()), want.global_scale.reshape(()))
+
+
+@pytest.mark.parametrize("m", [1, 3, 127])
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_matches_reference(name, m):
+    scheme = SCHEMES[name]
+    k = 3200 if scheme.granularity == "group" and scheme.group_size == 100 else 4096
+    x = _random(m, k, torch.bfloat16, seed=m * 7 + len(name)).cuda()
+    _poison_allocator(x.device)
+    got = hg.quantize_activation(x, scheme)
+    torch.cuda.synchronize()
+    _check(got, x, scheme)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e4m3-g128", "mxfp8-rceil", "nvfp4", "int8-tensor"])
+def test_other_input_dtypes(name, dtype):
+    scheme = SCHEMES[name]
+    x = _random(64, 2048, dtype, seed=5).cuda()
+    _poison_allocator(x.device)
+    _check(hg.quantize_activation(x, scheme), x, scheme)
+
+
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "fp8e4m3-g32", "nvfp4"])
+def test_software_rounding_on_the_device(name):
+    """The software path the targets without a cvt instruction run, on this device."""
+    scheme = SCHEMES[name]
+    x = _random(33, 1024, torch.bfloat16, seed=11).cuda()
+    _poison_allocator(x.device)
+    _check(hg.quantize_activation(x, scheme, hardware_convert=False), x, scheme)
+
+
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e4m3-g32", "fp8e4m3-g100", "int4-g32", "nvfp4",
+                                  "fp8e4m3-tensor"])
+def test_unaligned_and_row_strided_inputs(name):
+    """Element loads: a pointer off 16 bytes, K not a multiple of the vector, a row stride beyond K, 3-D input."""
+    scheme = SCHEMES[name]
+    base = _random(40, 1000 + 2 + 64, torch.bfloat16, seed=3).cuda()
+    k = 1000 if not (scheme.granularity == "group" and scheme.group_size == 100) else 900
+    x = base[:, 2:2 + k]  # row stride 1066, pointer 4 bytes off
+    _poison_allocator(x.device)
+    _check(hg.quantize_activation(x, scheme), x, scheme)
+    x3 = _random(6, 7 * 512, torch.bfloat16, seed=4).cuda().reshape(6, 7, 512)
+    _check(hg.quantize_activation(x3, scheme), x3, scheme)
+
+
+def test_partial_last_group():
+    scheme = A("float8e4m3", granularity="group", group_size=128)
+    x = _random(5, 1000, torch.bfloat16, seed=9).cuda()  # 7 groups, the last of 104 elements
+    _check(hg.quantize_activation(x, scheme), x, scheme)
+
+
+@pytest.mark.parametrize("name", ["fp8e4m3-tensor", "int8-tensor", "nvfp4"])
+def test_static_scale(name):
+    scheme = SCHEMES[name]
+    x = _random(17, 2048, torch.bfloat16, seed=13).cuda()
+    static = torch.tensor([0.0123], dtype=torch.float32, device="cuda")
+    _poison_allocator(x.device)
+    got = hg.quantize_activation(x, scheme, static_scale=static)
+    _check(got, x, scheme, static_scale=static)
+
+
+def test_nan_and_inf_rows_follow_the_reference():
+    x = _random(8, 512, torch.bfloat16, seed=21).cuda()
+    x[1, 7] = math.nan
+    x[2, 9] = math.inf
+    for name in ("fp8e4m3-token", "int8-token", "mxfp8-rceil", "fp8e5m2-token"):
+        _check(hg.quantize_activation(x, SCHEMES[name]), x, SCHEMES[name])
+
+
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e4m3-tensor", "nvfp4"])
+def test_cuda_graph_capture(name):
+    scheme = SCHEMES[name]
+    x = _random(16, 2048, torch.bfloat16, seed=1).cuda()
+    hg.quantize_activation(x, scheme)  # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = hg.quantize_activation(x, scheme)
+    for seed in (2, 3):
+        x.copy_(_random(16, 2048, torch.bfloat16, seed=seed).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, x, scheme)
+
+
+def test_bad_input_is_refused_before_launch():
+    scheme = SCHEMES["fp8e4m3-token"]
+    x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="x.dtype"):
+        hg.quantize_activation(x.to(torch.int32), scheme)
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        hg.quantize_activation(x[0], scheme)
+    with pytest.raises(ValueError, match="CUDA"):
+        hg.quantize_activation(x.cpu(), scheme)
+    with pytest.raises(ValueError, match="unit stride"):
+        hg.quantize_activation(x.t(), scheme)
+    with pytest.raises(ValueError, match="K must be even"):
+        hg.quantize_activation(x[:, :63], SCHEMES["int4-token"])
+    with pytest.raises(ValueError, match="static scale needs"):
+        hg.quantize_activation(x, scheme, static_scale=torch.ones(1, device="cuda"))
