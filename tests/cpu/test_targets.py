@@ -78,11 +78,11 @@ def test_feature_inheritance():
     assert f["sm_75"] == {"ldmatrix", "mma_int8", "mma_int4"}  # fp16 mma is the baseline
     assert f["sm_80"] == f["sm_75"] | {"cp_async", "mma_bf16"}
     assert f["sm_86"] == f["sm_80"]
-    assert f["sm_89"] >= f["sm_80"] and f["sm_89"] - f["sm_80"] == {"mma_fp8"}
+    assert f["sm_89"] >= f["sm_80"] and f["sm_89"] - f["sm_80"] == {"mma_fp8", "cvt_fp8"}
     assert f["sm_90a"] >= f["sm_89"]
     assert {"wgmma", "tma", "tma_multicast", "clusters", "setmaxnreg"} <= f["sm_90a"]
     assert f["sm_100a"] >= f["sm_90a"] - {"wgmma"} and "wgmma" not in f["sm_100a"]
-    assert {"tcgen05", "mx_block_scale"} <= f["sm_100a"]
+    assert {"tcgen05", "mx_block_scale", "cvt_fp4"} <= f["sm_100a"] and "cvt_fp4" not in f["sm_90a"]
     assert f["sm_103a"] == f["sm_100a"] - {"tcgen05_int8"}
     for name in ("sm_120a", "sm_121a"):
         assert "tcgen05" not in f[name] and "wgmma" not in f[name]
