@@ -36,7 +36,7 @@ def candidates(layer: hg.LayerConfig, m: int) -> dict:
     k_tiles = math.ceil(layer.k / 128)
     cands = {"heuristic": choose_tunings(layer, target).for_m(m),
              "standard": choose_tunings(layer, target, pipeline="standard").for_m(m)}
-    for bm in (64, 128):
+    for bm in sorted({min(128, math.ceil(m / 8) * 8), 64}):
         base = attrs.evolve(tuning_for(layer, target, m), block_m=bm, split_k=1)
         base = attrs.evolve(base, stages=max(s for s in range(2, 9)
                                              if shared_memory(layer, attrs.evolve(base, stages=s)).fits(target)))

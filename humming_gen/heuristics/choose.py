@@ -1,9 +1,9 @@
 """choose_tunings: the TuningPlan a layer compiles, from the heuristics of the pipelines that serve it.
 
 Where the warp-specialized pipeline serves the layer (sm_90a, 16-bit activations, group sizes that are multiples
-of 16), it takes its buckets from the one ending at WS_FROM_M tokens on (so M >= 33) and the standard pipeline
-keeps the buckets that end below it (M <= 32); both read one packed weight. Elsewhere the standard pipeline takes
-every bucket.
+of 16), it takes its buckets from the one ending at ws_from_m(layer) tokens on (M >= 17; M >= 9 for layers of at
+most SKINNY_N rows) and the standard pipeline keeps the buckets that end below it; both read one packed weight.
+Elsewhere the standard pipeline takes every bucket.
 """
 
 from __future__ import annotations
@@ -14,10 +14,23 @@ from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.targets import Target
 
-# The standard pipeline keeps its buckets that end below this M (8, 16, 32); the warp-specialized buckets start
-# with the one ending here, so they serve M = 33.. (H200, W4A16 8192 x 8192 at M = 64: 26.6 us against the
-# standard pipeline's 38.4; at M = 32 the standard pipeline's 24.9 stays).
-WS_FROM_M = 64
+# The warp-specialized buckets start with the one ending at ws_from_m(layer) tokens; the standard pipeline keeps the
+# buckets that end below it. Measured on the H200 (bench/split_sweep.py, W4A16, graph us per layer), standard
+# against warp-specialized:
+# - M = 32: 8192 x 8192 26.8 / 22.2, 4096 x 14336 25.2 / 20.3, 14336 x 4096 23.7 / 22.5, 4096 x 4096 13.3 / 9.5,
+#   2880 x 2880 16.2 / 8.6, 576 x 7168 14.1 / 7.9.
+# - M = 16: 8192 x 8192 19.0 / 20.4, 14336 x 4096 16.3 / 20.4, 4096 x 14336 18.1 / 19.0, 4096 x 4096 8.7 / 8.7,
+#   but 2880 x 2880 10.3 / 7.8 and 576 x 7168 8.8 / 7.2: few weight rows leave the standard pipeline's split-K short
+#   of the SMs, so layers of at most SKINNY_N rows take the warp-specialized pipeline from M = 9.
+WS_FROM_M = 32
+SKINNY_N = 3072
+
+
+def ws_from_m(layer: LayerConfig) -> int:
+    """The largest M of the first bucket the warp-specialized pipeline takes for this layer."""
+    return 16 if layer.n <= SKINNY_N else WS_FROM_M
+
+
 PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 
 
@@ -25,7 +38,7 @@ def choose_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None =
     """One TuningConfig per M bucket for `layer` on `target`.
 
     pipeline: None (the measured choice per bucket), "standard" or "warp_specialized" (every bucket it can
-    take; the standard pipeline keeps the buckets below WS_FROM_M). `overrides` replace TuningConfig fields in
+    take; the standard pipeline keeps the buckets below ws_from_m(layer)). `overrides` replace TuningConfig fields in
     every standard-pipeline bucket (for experiments and autotuning) and imply pipeline="standard"."""
     if pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
@@ -37,5 +50,7 @@ def choose_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None =
         if pipeline == "warp_specialized":
             raise ValueError("the warp-specialized pipeline cannot serve this layer:\n  - " + "\n  - ".join(reasons))
         return standard
-    small = [(m, t) for m, t in standard.buckets if m is not None and m < WS_FROM_M]
-    return TuningPlan(tuple(small) + WARP_SPECIALIZED.choose_tunings(layer, target).buckets)
+    start = ws_from_m(layer)
+    small = [(m, t) for m, t in standard.buckets if m is not None and m < start]
+    ws = [(m, t) for m, t in WARP_SPECIALIZED.choose_tunings(layer, target).buckets if m is None or m >= start]
+    return TuningPlan(tuple(small + ws))

@@ -116,3 +116,21 @@ def test_compose_refuses_ctas_per_sm_that_do_not_fit() -> None:
     too_many = tgt.smem_per_sm // (plan.shared_bytes + 1024) + 1
     with pytest.raises(ComposeError, match=f"ctas_per_sm={too_many}.*per SM"):
         compose(layer, ComputeConfig(), attrs.evolve(tuning, ctas_per_sm=too_many), tgt)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_warp_specialized_split_k_fills_one_wave(name: str) -> None:
+    """A warp-specialized bucket with split-K has at most one wave of units at its largest M (a second wave costs
+    more than shorter slices), and the split is not cut short where k tiles remain to split."""
+    from humming_gen.pipelines.warp_specialized.heuristics import MAX_SPLIT, MIN_SLICE_K_TILES
+
+    layer, target = LAYERS[name], get_target("sm_90a")
+    for m_max, tuning in choose_tunings(layer, target).buckets:
+        if tuning.pipeline != "warp_specialized" or tuning.split_k == 1:
+            continue
+        plan = compose(layer, ComputeConfig(), tuning, target)
+        units = plan.launch.units(m_max)
+        assert units <= target.sm_count, (m_max, tuning.summary(), units)
+        k_tiles = math.ceil(layer.k / tuning.block_k)
+        room = units + plan.launch.units(m_max) // tuning.split_k <= target.sm_count
+        assert not room or tuning.split_k in (k_tiles // MIN_SLICE_K_TILES, MAX_SPLIT), (m_max, tuning.summary())

@@ -11,7 +11,7 @@ import pytest
 from humming_gen.codegen.compose import ComposeError, compose
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.heuristics import choose_tunings
-from humming_gen.heuristics.choose import WS_FROM_M
+from humming_gen.heuristics.choose import SKINNY_N, WS_FROM_M
 from humming_gen.kernel import build_many, generate
 from humming_gen.layer.weights import layout_key
 from humming_gen.pipelines.warp_specialized.compose import STATIC_SMEM
@@ -41,10 +41,11 @@ def _constants(src: str) -> dict[str, int]:
 
 
 def test_heuristics_split_the_buckets_between_pipelines() -> None:
-    plan = choose_tunings(_layer(), SM90)
-    for m_max, tuning in plan.buckets:
-        expected = "standard" if m_max is not None and m_max < WS_FROM_M else "warp_specialized"
-        assert tuning.pipeline == expected, (m_max, tuning.summary())
+    for layer, start in ((_layer(), WS_FROM_M), (_layer(n=SKINNY_N + 1), WS_FROM_M), (_layer(n=SKINNY_N), 16),
+                         (_layer(n=576, k=7168), 16)):
+        for m_max, tuning in choose_tunings(layer, SM90).buckets:
+            expected = "standard" if m_max is not None and m_max < start else "warp_specialized"
+            assert tuning.pipeline == expected, (layer.n, m_max, tuning.summary())
     for target in ("sm_80", "sm_89", "sm_100a", "sm_120a"):
         assert {t.pipeline for _, t in choose_tunings(_layer(), get_target(target)).buckets} == {"standard"}
     arbitrary = LayerConfig(n=4096, k=4096, scheme=QuantScheme("int4", group_size=100))

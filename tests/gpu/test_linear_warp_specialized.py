@@ -1,8 +1,8 @@
 """The warp-specialized pipeline on the GPU against the float64 reference, outputs poisoned before launch.
 
-Each case builds a QuantLinear whose buckets from M = 64 on run the warp-specialized pipeline (asserted), then
-runs M values across its buckets, partial token tiles and odd shapes (N not a multiple of the tile's 512 rows,
-K not a multiple of 128). Tolerances are relative Frobenius errors, as in test_linear.py.
+Each case builds a QuantLinear whose buckets from M = 17 on (9 for layers of at most 3072 rows) run the
+warp-specialized pipeline (asserted), then runs M values across its buckets, partial token tiles and odd shapes
+(N not a multiple of the tile's 256 rows, K not a multiple of 128). Tolerances are relative Frobenius errors, as in test_linear.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from humming_gen.reference import reference_gemm
 pytestmark = pytest.mark.gpu
 
 TOLERANCE = {torch.bfloat16: 1.2e-2, torch.float16: 4e-3}
-M_VALUES = (64, 65, 127, 128, 255, 1000, 4096)
+M_VALUES = (17, 32, 33, 64, 65, 127, 128, 255, 1000, 4096)
+SKINNY_M_VALUES = (9, 16) + M_VALUES  # layers of at most 3072 rows take the pipeline from M = 9
 register_dtype("float5e2m2", FloatType(2, 2))
 
 FORMATS = [
@@ -45,11 +46,11 @@ FORMATS = [
     ("fp16-int8-channel", dict(weight="int8"), torch.float16),
 ]
 SHAPES = [(4000, 3000), (576, 7168), (1001, 1000), (8192, 8192)]
-CASES = ([(cid, kw, dt, 1536, 2048, False, M_VALUES) for cid, kw, dt in FORMATS]
+CASES = ([(cid, kw, dt, 1536, 2048, False, SKINNY_M_VALUES) for cid, kw, dt in FORMATS]
          + [(f"int4-g128-n{n}-k{k}", dict(weight="int4", group_size=128), torch.bfloat16, n, k, True,
-             (64, 65, 127, 128, 255, 1000, 4096, 8192) if n == 8192 else M_VALUES) for n, k in SHAPES]
-         + [(f"fp16-int4-g128-n{n}-k{k}", dict(weight="int4", group_size=128), torch.float16, n, k, True, M_VALUES)
-            for n, k in SHAPES[:3]])
+             M_VALUES + (8192,) if n == 8192 else SKINNY_M_VALUES if n <= 3072 else M_VALUES) for n, k in SHAPES]
+         + [(f"fp16-int4-g128-n{n}-k{k}", dict(weight="int4", group_size=128), torch.float16, n, k, True,
+             SKINNY_M_VALUES if n <= 3072 else M_VALUES) for n, k in SHAPES[:3]])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -1,7 +1,8 @@
 """Tunings of the warp-specialized pipeline per M bucket (sm_90a).
 
 Every bucket reads the shared weight layout (so a layer keeps one packed weight), uses two consumer warpgroups
-and 256-row tiles; buckets differ in the token tile (64, 128 or 176), split-K and stages.
+and 256-row tiles; buckets differ in the token tile (16 to 128, 176 for the open-ended one), split-K and stages.
+humming_gen.heuristics.choose decides from which bucket on the layer takes them.
 """
 
 from __future__ import annotations
@@ -22,25 +23,47 @@ BLOCK_K = 128  # two 64-k chunks per stage: half the stage hand-offs of 64, and 
 # - M = 256: 128 tokens, split 2 (62.1) beats split 1 (98.5), 96 tokens (105.1), 64 tokens split 4 (102.1).
 # - M = 1024 .. 4096: 128 tokens (207 / 875) beat 160 (248 / 917) and 176 (267 / 889).
 # - M = 8192: 176 tokens (1760) beat 128 (1832): the longest wgmma amortizes each dequantized weight most.
-# Buckets to 4096 double, so the split-K chosen for a bucket's largest M still fills the SMs at its smallest
-# (576 x 7168 at M = 1024: 24 tiles; one split for 4096 rows left 85 us against cuBLAS's 16.6).
-BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, None)
+# Buckets to 4096 double, so the split-K chosen for a bucket's largest M still fills the SMs at its smallest.
+# Split-K (every slice sums a share of the tile, epilogue/split_k_reduce_parallel) fills the SMs at most once: a
+# second wave of units costs more than shorter slices (bench/split_sweep.py, H200, W4A16, graph us per layer):
+# - 2880 x 2880 M = 64, 12 tiles: split 11 (132 units) 10.2 against 5 (60) 12.1; M = 128 with 64-token tiles:
+#   split 6 (144 units, two waves) 19.4 against split 3 (72) 15.7.
+# - 576 x 7168 M = 128: 64-token tiles split 22 (132 units) 9.9 against 128-token tiles split 22 (66) 12.6; where the
+#   wider tile fills as many SMs (8192 x 8192 M = 128: 37.8 against 45.9) it wins.
+BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
+MAX_SPLIT = 32
+MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
+
+
+def _split(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """The most k slices whose units still fit one wave of the SMs (1 where the tiles nearly fill them)."""
+    if tiles >= 0.75 * sm_count:
+        return 1
+    return max(1, min(sm_count // tiles, k_tiles // MIN_SLICE_K_TILES, MAX_SPLIT))
 
 
 def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
-    """The tuning of one bucket: a token tile of the bucket's M up to 128 (176 for the open-ended bucket), split-K
-    until the units fill the SMs about once, and as many stages as shared memory holds."""
+    """The tuning of one bucket: a token tile of the bucket's M up to 128 (176 for the open-ended bucket), or 64
+    where that fills clearly more SMs in one wave, split-K up to one wave of units, and as many stages as shared
+    memory holds."""
     warpgroups = 2
-    block_m = LARGE_M_BLOCK if m_max is None else min(128, math.ceil(m_max / 8) * 8)
-    n_pad = math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N
-    block_n = BLOCK_N
-    tiles = math.ceil(n_pad / block_n) * (1 if m_max is None else math.ceil(m_max / block_m))
+    n_tiles = math.ceil(math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N / BLOCK_N)
     k_tiles = math.ceil(layer.k / BLOCK_K)
-    split = 1
-    if m_max is not None and tiles < 0.75 * target.sm_count:
-        split = max(1, min(round(target.sm_count / tiles), k_tiles // 4 or 1, 16))
-    fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=block_n, block_k=BLOCK_K,
+    if m_max is None:
+        block_m, split = LARGE_M_BLOCK, 1
+    else:
+        options = []  # (units, block_m, split), the widest token tile first
+        for bm in sorted({min(128, math.ceil(m_max / 8) * 8), min(64, math.ceil(m_max / 8) * 8)}, reverse=True):
+            tiles = n_tiles * math.ceil(m_max / bm)
+            split = _split(tiles, k_tiles, target.sm_count)
+            options.append((tiles * split, bm, split))
+        units, block_m, split = options[0]
+        # the narrower tile where its units still fit one wave and fill clearly more SMs (two waves of half
+        # tiles take as long as one of whole ones: 2880 x 2880 M = 1024, 41.8 us with 128 tokens, 56.1 with 64)
+        if len(options) > 1 and 1.25 * min(units, target.sm_count) < options[1][0] <= target.sm_count:
+            _, block_m, split = options[1]
+    fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=4 * warpgroups, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma",
                   split_k=split)
     stages = 2
