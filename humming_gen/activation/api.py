@@ -90,9 +90,13 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     element_bytes = x.element_size()
     vector_bytes = 16
     wide = (k * element_bytes % vector_bytes == 0 and x2.stride(0) * element_bytes % vector_bytes == 0
-            and x2.data_ptr() % vector_bytes == 0)
+            and x2.data_ptr() % vector_bytes == 0
+            and (scheme.granularity != "group" or scheme.group_size * element_bytes % vector_bytes == 0))
     static = static_scale is not None
     cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert)
+    # the amax pass reads whole rows: 16-byte loads whenever x allows them
+    row_wide = wide or (k * element_bytes % vector_bytes == 0 and x2.stride(0) * element_bytes % vector_bytes == 0
+                        and x2.data_ptr() % vector_bytes == 0)
 
     row_bytes = k if scheme.dtype.bits == 8 else k // 2
     ldq = -(-row_bytes // 16) * 16
@@ -119,7 +123,7 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     if cfg.needs_amax_pass:
         partials = torch.empty(PARTIALS, dtype=torch.float32, device=device)
         values["partials"] = partials.data_ptr()
-        amax = build(QuantizeConfig(scheme, dtype_name, target, wide=wide, stage="amax"))
+        amax = build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
         amax.launch(PARTIALS, values, device.index or 0)
     kernel = build(cfg)
     if cfg.kind == "quantize_rows":

@@ -83,6 +83,11 @@ class QuantizeConfig:
         if self.static and not (self.scheme.granularity == "tensor" or self.scheme.global_scale):
             problems.append(f"a static scale needs granularity 'tensor' or a global scale, got granularity "
                             f"{self.scheme.granularity!r}")
+        wide_vector = 4 if self.input_dtype == "float32" else 8
+        if (self.wide and self.stage == "quantize" and self.scheme.granularity == "group"
+                and self.scheme.group_size % wide_vector):
+            problems.append(f"16-byte loads need a group size that is a multiple of {wide_vector} elements (a vector "
+                            f"must not span two groups), got {self.scheme.group_size}; use wide=False")
         if self.stage == "amax" and not self.needs_amax_pass:
             problems.append("stage 'amax' exists only for a dynamic per-tensor or global scale")
         if problems:
