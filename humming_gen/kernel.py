@@ -10,8 +10,8 @@ import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
-from humming_gen.pipelines.base import (ACTIVATION, BIAS, CTYPES, LDA, LDC, OUTPUT, ROWS, SCRATCH, WEIGHT,
-                                        KernelArg, PersistentLaunch)
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROWS, SCRATCH,
+                                        WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
@@ -86,9 +86,11 @@ class Kernel:
         bias, split-K scratch sized for `max_m` rows), so a call only packs a, c and m."""
         return Launcher(self, weight, bias, device, max_m)
 
-    def launch(self, x: torch.Tensor, weight, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def launch(self, x: torch.Tensor, weight, out: torch.Tensor, bias: torch.Tensor | None = None,
+               a_scale: torch.Tensor | None = None) -> torch.Tensor:
         """out[:m] = x @ W^T (+ bias). x (m, k) and out (m, n) must be row-major with unit column stride;
-        `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did.
+        `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did. Kernels with
+        quantized activations take the codes as x and their fp32 scales as a_scale (humming_gen.quantize_activation).
 
         The launcher (and its split-K scratch) of the last LAUNCH_CACHE_SIZE weights is kept; for CUDA graphs
         over more weights, hold your own from `bind` (QuantLinear does), so no captured scratch is ever freed."""
@@ -98,7 +100,7 @@ class Kernel:
             if key not in self._launchers and len(self._launchers) >= LAUNCH_CACHE_SIZE:
                 del self._launchers[next(iter(self._launchers))]  # a launcher holds its weight: keep a few alive
             launcher = self._launchers[key] = self.bind(weight, bias, x.device)
-        launcher(x, out)
+        launcher(x, out, a_scale)
         return out
 
 
@@ -108,7 +110,7 @@ class Launcher:
     output pointers, m and the row strides."""
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
-                 "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots")
+                 "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
@@ -118,13 +120,14 @@ class Launcher:
         self._scratch_slots: dict[str, int] = {}
         for a in plan.args:
             self._values.append(self._bound_value(a))
-            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC):
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE):
                 self._per_call[a.kind] = len(self._values) - 1
             elif a.kind == SCRATCH:
                 self._scratch_slots[a.tensor] = len(self._values) - 1
         missing = {ACTIVATION, OUTPUT, ROWS, LDA, LDC} - set(self._per_call)
         if missing:
             raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
+        self._a_scale_slot = self._per_call.get(ACTIVATION_SCALE)
         self._struct = kernel._struct
         self._fn = None
         self._grid, self._block, self._smem, self._pdl = plan.grid, (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
@@ -172,9 +175,15 @@ class Launcher:
             self._values[slot] = t.data_ptr()
         self._scratch_rows = -(-m // plan.tuning.block_m) * plan.tuning.block_m
 
-    def __call__(self, a: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, a: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None = None) -> None:
+        """Launch on (m, k) activations `a` into `out`; `a_scale`: the fp32 scales of quantized activations
+        (codes in `a`, row stride in bytes), which kernels with 8-bit activations need and others do not take."""
         from humming_gen.runtime import launch
 
+        if (a_scale is None) != (self._a_scale_slot is None):
+            raise ValueError(f"kernel {self.kernel.name}: " + (
+                "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
+                if a_scale is None else "a_scale given, but this kernel reads 16-bit activations without scales"))
         m = a.shape[0]
         if self._fn is None:
             self._fn = self.kernel._function(self.device.index or 0)
@@ -183,6 +192,8 @@ class Launcher:
         values, at = self._values, self._per_call
         values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
+        if a_scale is not None:
+            values[self._a_scale_slot] = a_scale.data_ptr()
         launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                pdl=self._pdl)
 

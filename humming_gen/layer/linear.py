@@ -51,12 +51,7 @@ class QuantLinear(torch.nn.Module):
         if qweight.codes.dim() != 2:
             raise ValueError(f"QuantLinear takes a (N, K) weight; got codes of shape {tuple(qweight.codes.shape)} "
                              f"(MoE weights need QuantMoE)")
-        if qweight.scheme.activation is not None:
-            if not weight_only:
-                raise ValueError(
-                    f"the scheme quantizes activations ({qweight.scheme.activation.dtype.name}, "
-                    f"{qweight.scheme.activation.granularity}); kernels with quantized activations are not generated "
-                    f"yet. Pass weight_only=True to run the weights with {_DTYPE_NAME[dtype]} activations")
+        if qweight.scheme.activation is not None and weight_only:
             import attrs
 
             qweight = attrs.evolve(qweight, scheme=attrs.evolve(qweight.scheme, activation=None))
@@ -71,6 +66,10 @@ class QuantLinear(torch.nn.Module):
                                         dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])
         self.target = _resolve_target(target)
         self.compute_config = ComputeConfig()
+        self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
+        self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
+        if self.activation_scheme is not None:
+            self._check_quantized_activations(qweight, _DTYPE_NAME[dtype])
         self.tunings = tunings or choose_tunings(self.layer_config, self.target)
         plans = {t: compose(self.layer_config, self.compute_config, t, self.target) for t in self.tunings.tunings()}
         keys = {layout_key(p) for p in plans.values()}
@@ -84,6 +83,8 @@ class QuantLinear(torch.nn.Module):
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.weight: PreparedWeight = prepare_weight(next(iter(plans.values())), qweight, self.device)
+        if self._static_scale is not None:
+            self._static_scale = self._static_scale.to(self.device)
         self.bias = None
         if bias is not None:
             if bias.shape != (qweight.n,):
@@ -93,6 +94,22 @@ class QuantLinear(torch.nn.Module):
         self._launchers = [(m_max, kernel.bind(self.weight, self.bias, self.device, m_max))
                            for m_max, kernel in self._buckets]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
+
+    def _check_quantized_activations(self, qweight: QuantizedWeight, dtype_name: str) -> None:
+        """ValueError naming why kernels with this scheme's quantized activations cannot run here."""
+        from humming_gen.pipelines.standard import STANDARD
+
+        act = self.activation_scheme
+        reasons = STANDARD.supports(self.layer_config, self.compute_config, self.target)
+        if qweight.k_perm is not None:
+            reasons.append("act-order weights (k_perm) with quantized activations: the codes would need a gather")
+        if reasons:
+            raise ValueError(
+                f"the scheme quantizes activations ({act.dtype.name}, {act.granularity}), which kernels on "
+                f"{self.target.name} cannot serve:\n  - " + "\n  - ".join(reasons)
+                + f"\nPass weight_only=True to run the weights with {dtype_name} activations")
+        if qweight.input_scale is not None and act.granularity == "tensor":
+            self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -190,10 +207,29 @@ class QuantLinear(torch.nn.Module):
         m = c.shape[0]
         if m == 0:
             return
+        if self.activation_scheme is not None:
+            self._launch_quantized(x, c)
+            return
         a = self._activation_rows(x)
         for m_max, launcher in self._launchers:
             if m_max is None or m <= m_max:
                 launcher(a, c)
+                return
+
+    def _launch_quantized(self, x: torch.Tensor, c: torch.Tensor) -> None:
+        """Quantize x's rows on the GPU (humming_gen.quantize_activation: codes in rows of 16-byte stride, fp32
+        scales; it triggers PDL, so the GEMM's weight prefetch overlaps it) and run the GEMM on the codes."""
+        from humming_gen.activation import quantize_activation
+
+        k = self.in_features
+        a = _as_rows(x, k)
+        if a is None:
+            a = x.reshape(-1, k).contiguous()
+        qa = quantize_activation(a, self.activation_scheme, static_scale=self._static_scale)
+        m = a.shape[0]
+        for m_max, launcher in self._launchers:
+            if m_max is None or m <= m_max:
+                launcher(qa.codes, c, qa.scales)
                 return
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -44,7 +44,8 @@ OUTPUT = "output"        # per call: the output matrix (rows of stride ldc)
 ROWS = "rows"            # per call: m
 LDA = "lda"              # per call: row stride of the activation, elements
 LDC = "ldc"              # per call: row stride of the output, elements
-ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC)
+ACTIVATION_SCALE = "activation_scale"  # per call: fp32 scales of quantized activations (per token, group or tensor)
+ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE)
 CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
 
 

@@ -80,8 +80,10 @@ def has_out_scale(scheme: QuantScheme) -> bool:
     return bool(scheme.granularity in ("channel", "tensor") and scheme.zero_point is None or scheme.global_scale)
 
 
-def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
-    """What no dense pipeline generates yet, or the target cannot run whatever the pipeline."""
+def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *,
+                   quantized_activations: bool = False) -> list[str]:
+    """What no dense pipeline generates yet, or the target cannot run whatever the pipeline.
+    quantized_activations: the pipeline serves schemes with activation= (and checks them itself)."""
     reasons = []
     s = layer.scheme
     if compute.gemm != "dense":
@@ -90,13 +92,14 @@ def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target) -
         reasons.append(f"compute.accumulate={compute.accumulate!r}: only 'float32' is generated so far")
     if compute.epilogue_activation is not None or compute.topk_weight:
         reasons.append("fused epilogue activations / top-k weights are not generated yet")
-    if s.activation is not None:
-        reasons.append(f"quantized activations ({s.activation.dtype.name}) are not generated yet; "
-                       f"use a scheme with activation=None (16-bit activations)")
-    try:
-        select_converter(s.weight, layer.dtype)
-    except ValueError as e:
-        reasons.append(str(e))
+    if s.activation is not None and not quantized_activations:
+        reasons.append(f"quantized activations ({s.activation.dtype.name}): this pipeline does not generate them; "
+                       f"the standard pipeline does (8-bit activations), or use a scheme with activation=None")
+    if s.activation is None:  # quantized activations meet the weight codes as they are, not converted
+        try:
+            select_converter(s.weight, layer.dtype)
+        except ValueError as e:
+            reasons.append(str(e))
     if target.has("ppu_variants"):
         reasons.append(f"target {target.name}: its mma back end (ppu.-prefixed mma / ldmatrix, N=16 tiles with "
                        f"N-before-M accumulator fragments) is not generated yet")

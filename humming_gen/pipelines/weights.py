@@ -10,7 +10,7 @@ from humming_gen.components.numeric.halfbits import TORCH_DTYPE
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
-from humming_gen.schemes.packing import pack_codes, pad_to, permute_group_rows
+from humming_gen.schemes.packing import BLayout8, pack_codes, pack_codes8, pad_to, permute_group_rows
 
 
 def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
@@ -44,10 +44,12 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
         raise ValueError(f"weight shape ({qw.n}, {qw.k}) does not match the layer (n={layer.n}, k={layer.k})")
     if s.weight != layer.scheme.weight or s.granularity != layer.scheme.granularity:
         raise ValueError(f"weight scheme ({s.summary()}) does not match the layer ({layer.scheme.summary()})")
-    dt = TORCH_DTYPE[layer.dtype]
     mask = (1 << s.weight.bits) - 1
     codes = (qw.codes.to(device).to(torch.int32) ^ lay.code_offset) & mask
     codes = pad_to(codes.to(torch.uint8), {0: lay.n_pad, 1: lay.k_pad})
+    if isinstance(lay.b_layout, BLayout8):
+        return _prepare_weight8(lay, qw, codes, device)
+    dt = TORCH_DTYPE[layer.dtype]
     b = pack_codes(codes, lay.b_layout).contiguous()
 
     scales = qw.scales.to(device, torch.float32)
@@ -74,6 +76,20 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
             else:
                 zero = -(z * sc)
             b_zero = permute_group_rows(pad_to(zero.to(dt), {1: lay.n_pad})).contiguous()
+    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero,
+                          out_scale=_out_scale(lay, qw, scales, extra, device), k_perm=_k_perm(qw, device))
+
+
+def _k_perm(qw: QuantizedWeight, device: torch.device | str) -> torch.Tensor | None:
+    return None if qw.k_perm is None else qw.k_perm.to(device, torch.long)
+
+
+def _out_scale(lay, qw: QuantizedWeight, scales: torch.Tensor, extra: torch.Tensor | None,
+               device: torch.device | str) -> torch.Tensor | None:
+    """The per-column fp32 factor of the epilogue: channel / tensor scales (without group parameters), the global
+    scale and a channel scale that the group scales do not carry."""
+    s = qw.scheme
+    out_scale = None
     if lay.out_scale:
         col = torch.ones(qw.n, device=device, dtype=torch.float32)
         if lay.group_size is None:
@@ -85,6 +101,20 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
         out_scale = pad_to(col, {0: lay.n_pad}).contiguous()
     elif qw.global_scale is not None:
         raise ValueError("a global scale needs the out_scale epilogue (scheme.global_scale=True)")
-    k_perm = None if qw.k_perm is None else qw.k_perm.to(device, torch.long)
-    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero, out_scale=out_scale,
-                          k_perm=k_perm)
+    return out_scale
+
+
+def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torch.device | str) -> PreparedWeight:
+    """8-bit codes as they are (the mma multiplies them) in BLayout8; group / block scales as fp32 [group][n_pad]
+    (read per warp k slice when partial sums are promoted), the rest folded into the fp32 out_scale."""
+    scales = qw.scales.to(device, torch.float32)
+    extra = None if qw.channel_scale is None else qw.channel_scale.to(device, torch.float32)
+    b_scale = None
+    if lay.group_size is not None:
+        sc = _scales_per_element_row(qw, scales, lay.group_size, lay.group_rows)
+        if extra is not None and not lay.out_scale:
+            sc = sc * extra[None, :]
+        b_scale = pad_to(sc, {1: lay.n_pad}).contiguous()
+    return PreparedWeight(layout_key=lay, b=pack_codes8(codes, lay.b_layout).contiguous(), b_scale=b_scale,
+                          b_zero=None, out_scale=_out_scale(lay, qw, scales, extra, device),
+                          k_perm=_k_perm(qw, device))

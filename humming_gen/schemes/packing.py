@@ -10,6 +10,10 @@ a chunk (0..63) belongs to tile R // 4 and is mma A-fragment register R % 4: row
 2t, 2t+1 (+8 for registers 2, 3) with t = lane % 4.
 Group parameters (scales, zero points) are stored [group][n] with rows permuted inside each 16-row tile as
 0, 8, 1, 9, ... so a thread reads the pair (row g, row g+8) with one 4-byte load.
+
+Kernels whose activations are quantized to 8 bits multiply the 8-bit weight codes directly (mma m16n8k32):
+`BLayout8` stores them [n block][k slice of warp_k][warp n][tile][lane][16 bytes], tiles of 16 n x 32 k
+enumerated k-step-major, so one 16-byte load gives a lane the four A registers of one tile, ready to use.
 """
 
 from __future__ import annotations
@@ -183,3 +187,78 @@ def pad_to(t: torch.Tensor, dims: dict[int, int], value: float = 0) -> torch.Ten
     if not any(pads):
         return t
     return torch.nn.functional.pad(t, pads, value=value)
+
+
+@attrs.frozen
+class BLayout8:
+    """The weight geometry of kernels with 8-bit activations: 8-bit codes as the m16n8k32 A operand, one 16-byte
+    load per (lane, tile) (module docstring). Same block_n / warps_n / warp_k roles as BLayout."""
+
+    block_n: int
+    warps_n: int
+    warp_k: int
+
+    bits = 8  # read by the loaders and the shared-memory plan like BLayout.bits
+    tile_k = 32
+
+    @property
+    def warp_n(self) -> int:
+        return self.block_n // self.warps_n
+
+    @property
+    def tiles_per_warp(self) -> int:
+        return (self.warp_n // MMA_M) * (self.warp_k // self.tile_k)
+
+    def stage_bytes(self, warps_k: int) -> int:
+        """Bytes of one (block_n x warps_k * warp_k) stage."""
+        return self.block_n * self.warp_k * warps_k
+
+    def check(self) -> list[str]:
+        errors = []
+        if self.block_n % (self.warps_n * MMA_M):
+            errors.append(f"block_n={self.block_n} is not a multiple of 16 * warps_n={self.warps_n}")
+        if self.warp_k % self.tile_k:
+            errors.append(f"the warp k slice {self.warp_k} is not a multiple of {self.tile_k} (the 8-bit mma k step)")
+        return errors
+
+
+def _byte_index(layout: BLayout8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) inside one warp slice for each [tile][lane][register][byte]: the m16n8k32 atom's A fragment."""
+    from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT as atom
+
+    n_tiles = layout.warp_n // atom.m
+    tile = torch.arange(layout.tiles_per_warp).view(-1, 1, 1, 1)
+    lane = torch.arange(32).view(1, -1, 1, 1)
+    reg = torch.arange(4).view(1, 1, -1, 1)
+    byte = torch.arange(4).view(1, 1, 1, -1)
+    kstep, nt = tile // n_tiles, tile % n_tiles
+    row, col = atom.a_element(lane, reg, byte)
+    return (nt * atom.m + row).expand(-1, -1, -1, 4), (kstep * atom.k + col).expand(layout.tiles_per_warp, -1, -1, -1)
+
+
+def pack_codes8(codes: torch.Tensor, layout: BLayout8) -> torch.Tensor:
+    """Kernel codes (N_pad, K_pad) uint8 -> int32 words in BLayout8 order, shape (N_pad/block_n, K_pad/warp_k,
+    warps_n * warp_n * warp_k / 4). Works on any device."""
+    errors = layout.check()
+    if errors:
+        raise ValueError("weight layout: " + "; ".join(errors))
+    n_pad, k_pad = codes.shape
+    bn, wk = layout.block_n, layout.warp_k
+    if n_pad % bn or k_pad % wk:
+        raise ValueError(f"codes shape {tuple(codes.shape)} is not padded to ({bn}, {wk})")
+    nb, ks = n_pad // bn, k_pad // wk
+    c = codes.view(nb, layout.warps_n, layout.warp_n, ks, wk).permute(0, 3, 1, 2, 4)  # [nb, ks, wn, n, k]
+    n_idx, k_idx = (i.to(codes.device) for i in _byte_index(layout))
+    frag = c[:, :, :, n_idx, k_idx].contiguous()  # [nb, ks, wn, tile, lane, reg, byte]
+    return frag.view(torch.int32).reshape(nb, ks, -1)
+
+
+def unpack_codes8(packed: torch.Tensor, layout: BLayout8, n_pad: int, k_pad: int) -> torch.Tensor:
+    """Inverse of `pack_codes8`."""
+    nb, ks = n_pad // layout.block_n, k_pad // layout.warp_k
+    frag = packed.contiguous().view(torch.uint8).reshape(nb, ks, layout.warps_n, layout.tiles_per_warp, 32, 4, 4)
+    codes = torch.zeros(nb, ks, layout.warps_n, layout.warp_n, layout.warp_k, dtype=torch.uint8,
+                        device=packed.device)
+    n_idx, k_idx = (i.to(packed.device) for i in _byte_index(layout))
+    codes[:, :, :, n_idx, k_idx] = frag
+    return codes.permute(0, 2, 3, 1, 4).reshape(n_pad, k_pad)

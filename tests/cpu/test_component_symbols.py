@@ -30,6 +30,10 @@ def _plans():
             layer = LayerConfig(4096, 4096, scheme, dtype=dtype, has_bias=True, out_dtype="float32")
             plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a"))
                       for t in choose_tunings(layer, get_target("sm_90a")).tunings()]
+    for scheme in ("w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-fp8-tensor"):
+        layer = LayerConfig(4096, 4096, scheme, has_bias=True)  # 8-bit activations
+        plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a"))
+                  for t in choose_tunings(layer, get_target("sm_90a")).tunings()]
     return plans
 
 

@@ -67,6 +67,13 @@ class StoreOutput(Component):
     atom: MmaAtom = attrs.field(default=MMA_SYNC_M16N8K16, metadata={"listed_when_set": True})
     # store_fragment (one accumulator fragment from values in hand: a split-K share) instead of store_output
     fragment_store: bool = option_field()
+    # Quantized activations: their scale multiplies the output too, per token ("token": p.a_scale[m]) or one per
+    # tensor ("tensor": p.a_scale[0]); "" without.
+    token_scale: str = option_field("")
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_scale not in ("", "token", "tensor"):
+            raise ValueError(f"StoreOutput.token_scale must be '', 'token' or 'tensor', got {self.token_scale!r}")
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -82,8 +89,11 @@ class StoreOutput(Component):
                          | ({"to_float"} if self.bias else set()))
 
     def extra_context(self) -> dict:
-        suffix = (" * scale" if self.out_scale else "") + (" + bias" if self.bias else "")
+        suffix = ((" * scale" if self.out_scale else "") + {"": "", "token": " * a_scale[m]", "tensor": " * a_scale"}[
+            self.token_scale] + (" + bias" if self.bias else ""))
+        decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
+                "tensor": "const float a_scale = *static_cast<const float*>(p.a_scale);"}[self.token_scale]
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": "acc[nt][mt][2 * half + j]" + suffix,
                 "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
-                "out_convert": "" if self.out_dtype == "float32" else "from_float"}
+                "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl}

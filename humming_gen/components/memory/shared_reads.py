@@ -48,3 +48,29 @@ class GroupParamsShared(Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         return frozenset(self.ptx)
+
+
+@attrs.frozen
+class BTileShared8(Component):
+    """One 8-bit weight tile's four A registers with one 16-byte load (schemes.packing.BLayout8)."""
+
+    template: ClassVar[str] = "memory/b_tile_shared8.cuh.j2"
+    family: ClassVar[str] = "memory"
+    provides: ClassVar[frozenset[str]] = frozenset({"u32x4", "load_b_tile"})
+
+
+@attrs.frozen
+class GroupScalesGlobal(Component):
+    """fp32 group scales of a warp's k slice for the promotion of 8-bit partial sums: weight groups (block
+    scales) and / or activation groups, straight from global memory (one pair of loads per tile row or token)."""
+
+    template: ClassVar[str] = "memory/group_scales_global.cuh.j2"
+    family: ClassVar[str] = "memory"
+    needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+    weight_groups: bool
+    activation_groups: bool
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(({"load_weight_group_scales"} if self.weight_groups else set())
+                         | ({"load_activation_group_scales"} if self.activation_groups else set()))

@@ -16,8 +16,8 @@ import attrs
 
 @attrs.frozen(repr=False)
 class MmaAtom:
-    """One warp's share of an MMA: A is `m` x `k` (weights, 16-bit pairs in `a_registers` registers), C is `m` x `n`
-    in `c_registers` fp32 registers per 8 columns of tokens."""
+    """One warp's share of an MMA: A is `m` x `k` (weights, 32 / `a_bits` elements in each of `a_registers`
+    registers), C is `m` x `n` in `c_registers` fp32 (or s32) registers per 8 columns of tokens."""
 
     name: str
     instruction: str   # PTX spelling; {n} stands for the token count where the instruction takes one
@@ -29,14 +29,21 @@ class MmaAtom:
     # C expressions of the maps below, in the names the templates use (g = lane / 4, t = lane % 4, half, j)
     c_row_expr: str
     c_col_expr: str
+    a_bits: int = 16   # bits of one A element: 16 (bf16 / fp16 pairs) or 8 (s8 / e4m3 / e5m2 quads)
 
     def __repr__(self) -> str:
         return self.name
 
+    @property
+    def a_per_register(self) -> int:
+        return 32 // self.a_bits
+
     def a_element(self, lane: Any, reg: Any, half: Any) -> tuple[Any, Any]:
-        """(row, k) of the 16-bit half `half` of A register `reg` of `lane` (ints or tensors)."""
+        """(row, k) of element `half` (0..a_per_register - 1, lowest bits first) of A register `reg` of `lane`
+        (ints or tensors). Registers 0 / 1 hold rows g / g + 8 of the first k half, 2 / 3 those of the second."""
         g, t = lane // 4, lane % 4
-        return g + 8 * (reg % 2), 2 * t + 8 * (reg // 2) + half
+        e = self.a_per_register
+        return g + 8 * (reg % 2), e * t + 4 * e * (reg // 2) + half
 
     def c_element(self, lane: Any, half: Any, j: Any) -> tuple[Any, Any]:
         """(row, column) of accumulator register 2 * half + j of an 8-column group, for `lane`."""
@@ -53,3 +60,9 @@ MMA_SYNC_M16N8K16 = MmaAtom(name="mma.sync.m16n8k16", instruction="mma.sync.alig
 WGMMA_M64NNK16_WARP = MmaAtom(name="wgmma.m64nNk16 (one warp's rows)",
                               instruction="wgmma.mma_async.sync.aligned.m64n{n}k16.f32", m=16, n=0, k=16,
                               a_registers=4, c_registers=4, c_row_expr="g + 8 * half", c_col_expr="2 * t + j")
+# mma.sync m16n8k32 with 8-bit operands (s8 x s8 -> s32 on sm_80+, e4m3 / e5m2 -> f32 on sm_89+): register r of
+# lane (g, t) holds the four k-consecutive bytes 4t..4t+3 (+16 for r = 2, 3) of row g (+8 for odd r): the m16n8k16
+# A fragment of a matrix whose elements are byte pairs. C is the m16n8k16 order.
+MMA_SYNC_M16N8K32_8BIT = MmaAtom(name="mma.sync.m16n8k32 (8-bit)", instruction="mma.sync.aligned.m16n8k32.row.col",
+                                 m=16, n=8, k=32, a_registers=4, c_registers=4, c_row_expr="g + 8 * half",
+                                 c_col_expr="2 * t + j", a_bits=8)

@@ -25,3 +25,38 @@ class MmaSyncM16N8K16(Component):
 
     def extra_context(self) -> dict:
         return {"ptx_type": PTX_PAIR_TYPE[self.dtype].replace("x2", "")}
+
+
+# PTX operand types of the 8-bit mma.sync, and the accumulator each kind of operand produces.
+PTX_8BIT_TYPE = {"int8": "s8", "uint8": "u8", "float8e4m3": "e4m3", "float8e5m2": "e5m2"}
+
+
+@attrs.frozen
+class MmaSyncM16N8K32(Component):
+    """8-bit weights as the A operand (16 n x 32 k), 8-bit activations as B (32 k x 8 m): s32 accumulators for
+    integer operands, fp32 for fp8 ones (components.mma.atoms.MMA_SYNC_M16N8K32_8BIT)."""
+
+    template: ClassVar[str] = "mma/mma_sync_m16n8k32.cuh.j2"
+    family: ClassVar[str] = "mma"
+    provides: ClassVar[frozenset[str]] = frozenset({"mma_m16n8k32"})
+    weight: str      # format names: int8 / uint8 / float8e4m3 / float8e5m2
+    activation: str
+
+    def __attrs_post_init__(self) -> None:
+        kinds = {name.startswith("float") for name in (self.weight, self.activation)}
+        if self.weight not in PTX_8BIT_TYPE or self.activation not in PTX_8BIT_TYPE or len(kinds) != 1:
+            raise ValueError(f"m16n8k32 multiplies two 8-bit integer or two fp8 formats, got {self.weight} x "
+                             f"{self.activation}")
+
+    @property
+    def integer(self) -> bool:
+        return not self.weight.startswith("float")
+
+    @property
+    def requires(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"mma_int8"} if self.integer else {"mma_fp8"})
+
+    def extra_context(self) -> dict:
+        acc, reg = ("s32", "r") if self.integer else ("f32", "f")
+        return {"a_ptx": PTX_8BIT_TYPE[self.weight], "b_ptx": PTX_8BIT_TYPE[self.activation], "acc_ptx": acc,
+                "acc_ctype": "int" if self.integer else "float", "acc_reg": reg}

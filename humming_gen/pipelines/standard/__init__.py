@@ -7,6 +7,7 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.pipelines import weights as _weights
 from humming_gen.pipelines.common import common_reasons, lacking
 from humming_gen.pipelines.standard import compose as _compose
+from humming_gen.pipelines.standard import compose_a8 as _compose_a8
 from humming_gen.pipelines.standard import heuristics as _heuristics
 from humming_gen.pipelines.standard.loaders import ATileCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline
@@ -23,6 +24,9 @@ class Standard:
     @staticmethod
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
         needs = StandardPipeline.requires | ATileCpAsync.requires
+        if layer.scheme.activation is not None:
+            return (common_reasons(layer, compute, target, quantized_activations=True)
+                    + _compose_a8.scheme_reasons(layer) + lacking(target, needs, "standard pipeline"))
         return common_reasons(layer, compute, target) + lacking(target, needs, "standard pipeline")
 
 

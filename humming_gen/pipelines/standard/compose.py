@@ -22,9 +22,10 @@ from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_tab
                                           group_constants, group_offset_constants, group_plan, has_out_scale,
                                           kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
                                           split_k_reasons, weight_layout)
+from humming_gen.pipelines.standard import compose_a8
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
-from humming_gen.schemes.packing import BLayout
+from humming_gen.schemes.packing import BLayout, BLayout8
 from humming_gen.targets import Target
 
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
@@ -59,21 +60,44 @@ def _align(x: int) -> int:
     return (x + 127) // 128 * 128
 
 
-def b_layout_of(layer: LayerConfig, tuning: TuningConfig) -> BLayout:
+def b_layout_of(layer: LayerConfig, tuning: TuningConfig) -> "BLayout | BLayout8":
     t = tuning
+    if layer.scheme.activation is not None:
+        return BLayout8(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k)
     return BLayout(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k, bits=layer.scheme.weight.bits)
 
 
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
     """The shared memory a standard-pipeline kernel of these configs uses (compose and the heuristics agree)."""
     t = tuning
-    group = group_plan(layer, t.block_k)
     warp_m, warp_n = t.block_m // t.warps_m, t.block_n // t.warps_n
     acc_floats = (warp_n // 16) * (warp_m // 8) * 4 * 32
+    if layer.scheme.activation is not None:  # 8-bit codes; group scales are read from global memory
+        return SmemPlan(a=_align(t.block_m * t.block_k), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
+                        group=0, tensors=0, rows=0, stages=t.stages,
+                        reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+    group = group_plan(layer, t.block_k)
     return SmemPlan(a=_align(t.block_m * t.block_k * 2), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
                     group=_align(group.rows_per_stage * t.block_n * 2) if group else 0,
                     tensors=len(group.tensors) if group else 0, rows=group.rows_per_stage if group else 0,
                     stages=t.stages, reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+
+
+def shared_reasons(smem: SmemPlan, tuning: TuningConfig, target: Target) -> list[str]:
+    """Why CTAs of this shared-memory plan and tuning do not fit the target's SMs."""
+    t, shared = tuning, smem.total
+    reasons = []
+    if shared > target.smem_per_block_optin:
+        reasons.append(f"shared memory {shared} B (stages={t.stages} x {smem.stage} B{smem.group_note()}) "
+                       f"exceeds {target.name}'s {target.smem_per_block_optin} B per block")
+    elif t.ctas_per_sm > 1 and t.ctas_per_sm * (shared + SMEM_PER_CTA_RESERVED) > target.smem_per_sm:
+        reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: {t.ctas_per_sm} x ({shared} B + "
+                       f"{SMEM_PER_CTA_RESERVED} B reserved) of shared memory exceed {target.name}'s "
+                       f"{target.smem_per_sm} B per SM")
+    if t.threads * t.ctas_per_sm > target.max_threads_per_sm:
+        reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm} x {t.threads} threads exceed {target.name}'s "
+                       f"{target.max_threads_per_sm} threads per SM")
+    return reasons
 
 
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
@@ -95,6 +119,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     """Choose and parametrise the components of one kernel; ComposeError lists everything that is off."""
     s = layer.scheme
     t = tuning
+    if s.activation is not None:
+        smem = shared_memory(layer, t)
+        return compose_a8.compose(layer, compute, t, target,
+                                  common_reasons(layer, compute, target, quantized_activations=True)
+                                  + shared_reasons(smem, t, target), b_layout_of(layer, t), smem.total, smem.stage,
+                                  smem.a)
     reasons = common_reasons(layer, compute, target) + tuning_reasons(t)
     dtype = layer.dtype
     warp_n, warp_k = t.block_n // t.warps_n, t.block_k // t.warps_k
@@ -156,16 +186,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     smem = shared_memory(layer, t)
     a_bytes, b_bytes, group_bytes, stage_bytes = smem.a, smem.b, smem.group, smem.stage
     shared = smem.total
-    if shared > target.smem_per_block_optin:
-        raise compose_error([f"shared memory {shared} B (stages={t.stages} x {stage_bytes} B{smem.group_note()}) "
-                             f"exceeds {target.name}'s {target.smem_per_block_optin} B per block"])
-    if t.ctas_per_sm > 1 and t.ctas_per_sm * (shared + SMEM_PER_CTA_RESERVED) > target.smem_per_sm:
-        raise compose_error([f"tuning.ctas_per_sm={t.ctas_per_sm}: {t.ctas_per_sm} x ({shared} B + "
-                             f"{SMEM_PER_CTA_RESERVED} B reserved) of shared memory exceed {target.name}'s "
-                             f"{target.smem_per_sm} B per SM"])
-    if t.threads * t.ctas_per_sm > target.max_threads_per_sm:
-        raise compose_error([f"tuning.ctas_per_sm={t.ctas_per_sm} x {t.threads} threads exceed {target.name}'s "
-                             f"{target.max_threads_per_sm} threads per SM"])
+    reasons = shared_reasons(smem, t, target)
+    if reasons:
+        raise compose_error(reasons)
 
     constants = constants_table(layer, n_pad, k_pad) + [
         ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),

@@ -13,6 +13,7 @@ from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.common import SHARED_LAYOUT, arbitrary_group_size
 from humming_gen.pipelines.standard.compose import SMEM_PER_CTA_RESERVED, shared_memory
+from humming_gen.pipelines.standard.compose_a8 import MMA as A8_MMA
 from humming_gen.targets import Target
 
 # (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
@@ -24,6 +25,9 @@ from humming_gen.targets import Target
 # - larger M: a 64-row warp tile (warps_m=2) beats four 32-row warps that each dequantize the same weights.
 BUCKETS = ((8, 8, 1, 4, 3, 2), (16, 16, 1, 4, 4, 1), (32, 32, 1, 4, 4, 1), (64, 32, 1, 4, 4, 1),
            (256, 64, 1, 2, 4, 1), (None, 128, 2, 1, 4, 1))
+# 8-bit activations: a warp holds fp32 accumulators and the stage's partial sums of its tile, so warp tiles stay at
+# 32 rows (a 64-row warp tile spills: 255 registers and up to 192 B of stack on sm_90a, ptxas).
+A8_BUCKETS = BUCKETS[:4] + ((256, 64, 2, 2, 4, 1), (None, 128, 4, 1, 4, 1))
 
 
 def _fits(layer: LayerConfig, target: Target, fields: dict, stages: int, ctas: int) -> bool:
@@ -51,7 +55,7 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     n_blocks = math.ceil(layer.n / block_n)
     bits = layer.scheme.weight.bits
     buckets = []
-    for m_max, block_m, warps_m, warps_k, max_stages, ctas in BUCKETS:
+    for m_max, block_m, warps_m, warps_k, max_stages, ctas in (A8_BUCKETS if layer.scheme.activation else BUCKETS):
         def tile() -> dict:
             return dict(block_m=block_m, block_n=block_n, block_k=warp_k * warps_k, warps_m=warps_m,
                         warps_n=warps_n, warps_k=warps_k)
@@ -80,6 +84,8 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
         split = (_split_k(layer, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
                  else 1)
         fields = dict(tile(), stages=stages, split_k=split, ctas_per_sm=ctas)
+        if layer.scheme.activation is not None:
+            fields["mma"] = A8_MMA
         fields.update(overrides)
         buckets.append((m_max, TuningConfig(**fields)))
     return TuningPlan(tuple(buckets))

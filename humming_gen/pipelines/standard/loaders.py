@@ -61,3 +61,26 @@ class GroupParamsCpAsync(Component):
     # The group size is not a multiple of 16: a stage holds the rows its k range touches (clamped at the tensor's
     # last row).
     arbitrary_groups: bool = option_field()
+
+
+@attrs.frozen
+class ATile8CpAsync(Component):
+    """8-bit activation codes, swizzled like ATileCpAsync; ldmatrix of byte pairs gives the m16n8k32 B operand.
+    Byte-granular zero fill at K, since the quantize kernel leaves a row's padding unspecified."""
+
+    template: ClassVar[str] = "pipelines/standard/a_tile8_cp_async.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
+    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async", "ldmatrix")
+    provides: ClassVar[frozenset[str]] = frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk",
+                                                   "load_a_stage", "load_a_fragments"})
+    block_k: int
+    warp_m_tiles: int
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))
+
+    def extra_context(self) -> dict:
+        return {"swizzle_mask": min(8, self.block_k // 16) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}

@@ -61,3 +61,47 @@ class WarpKReduce(Component):
     provides: ClassVar[frozenset[str]] = frozenset({"kAccPerThread", "reduce_warps_k"})
     warps_k: int
 
+
+
+@attrs.frozen
+class StandardA8Pipeline(Component):
+    """The standard skeleton for 8-bit activations: 8-bit weight codes and activation codes go to mma.sync
+    m16n8k32 as loaded (no dequantization); each warp's stage slice accumulates into partial sums that are promoted
+    into fp32 accumulators once per stage, times the slice's group scales where the scheme has them."""
+
+    template: ClassVar[str] = "pipelines/standard/skeleton_a8.cuh.j2"
+    family: ClassVar[str] = "pipeline"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
+    kernel_name: str
+    weight: str           # weight and activation formats (the header comment)
+    activation: str
+    integer: bool         # s32 partial sums (int8 operands); fp32 for fp8
+    weight_groups: bool   # per-group (block) weight scales multiply the promoted partial sums
+    activation_groups: bool  # per-group activation scales likewise
+    warp_k_reduce: bool
+    split_k: bool
+    min_blocks: int
+    pdl: bool
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("grid_dependency",) if self.pdl else ()
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        needs = {"Params", "TileCoord", "tile_coord", "u32x4", "kBTileChunks", "kBWarpSliceWords", "load_b_stage",
+                 "load_a_stage", "load_a_fragments", "load_b_tile", "mma_m16n8k32", "cp_async_commit",
+                 "cp_async_wait", "store_output"}
+        needs |= {"load_weight_group_scales"} if self.weight_groups else set()
+        needs |= {"load_activation_group_scales"} if self.activation_groups else set()
+        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
+        needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
+        needs |= {"split_k_reduce"} if self.split_k else set()
+        return frozenset(needs)
+
+    def extra_context(self) -> dict:
+        factors = ((" * w_scale[nt][i / 2]" if self.weight_groups else "")
+                   + (" * a_scale[mt][i % 2]" if self.activation_groups else ""))
+        partial = "static_cast<float>(acc_slice[nt][mt][i])" if self.integer else "acc_slice[nt][mt][i]"
+        return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
+                "group_scales": self.weight_groups or self.activation_groups}

@@ -1,0 +1,197 @@
+"""compose() of the standard pipeline for schemes with 8-bit activations: 8-bit weight codes x 8-bit activation
+codes on mma.sync m16n8k32 (s8 on sm_80+, e4m3 / e5m2 on sm_89+), no dequantization in the main loop.
+
+Scales: per-channel / tensor weight scales and per-token / tensor activation scales multiply the output in the
+epilogue (acc * a_scale[m] * w_scale[n]); group scales (DeepSeek 128 x 128 weight blocks, 1 x 128 activation
+groups) multiply each warp's stage partial sums when they are promoted into the fp32 accumulators.
+"""
+
+from __future__ import annotations
+
+import math
+
+from humming_gen.components.base import Component
+from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.memory.shared_reads import BTileShared8, GroupScalesGlobal
+from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT
+from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32
+from humming_gen.components.ptx.wrappers import wrappers_for
+from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, LDA, LDC, OUTPUT, ROWS, SCRATCH,
+                                        WEIGHT, KernelArg, KernelPlan, TiledLaunch, WeightLayout, compose_error)
+from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scale, kernel_name, missing_features,
+                                          missing_symbols, padded_k, split_k_constants, split_k_reasons)
+from humming_gen.pipelines.standard.loaders import ATile8CpAsync, BTileCpAsync
+from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
+from humming_gen.schemes.packing import BLayout8
+from humming_gen.targets import Target
+
+MMA = "m16n8k32"  # TuningConfig.mma of these kernels
+
+
+def weight_group_k(layer: LayerConfig) -> int | None:
+    """K extent of one weight scale group (block scales: the block's k side), None for channel / tensor scales."""
+    s = layer.scheme
+    return s.group_size if s.granularity == "group" else s.block_size[1] if s.granularity == "block" else None
+
+
+def activation_group_k(layer: LayerConfig) -> int | None:
+    a = layer.scheme.activation
+    return a.group_size if a.granularity == "group" else None
+
+
+def scheme_reasons(layer: LayerConfig) -> list[str]:
+    """What this path cannot serve of a scheme with quantized activations, whatever the tuning and target."""
+    s, a = layer.scheme, layer.scheme.activation
+    reasons = []
+    if a.dtype.name not in PTX_8BIT_TYPE:
+        reasons.append(f"activation format {a.dtype.name}: kernels with quantized activations are generated for "
+                       f"8-bit activations ({', '.join(PTX_8BIT_TYPE)}) so far")
+    if s.weight.name not in PTX_8BIT_TYPE:
+        reasons.append(f"weight format {s.weight.name} with quantized activations: only 8-bit weights "
+                       f"({', '.join(PTX_8BIT_TYPE)}) are generated so far (W4A8 / W4A4 are not)")
+    elif a.dtype.name in PTX_8BIT_TYPE and s.weight.is_float != a.dtype.is_float:
+        reasons.append(f"weight format {s.weight.name} x activation format {a.dtype.name}: the 8-bit mma multiplies "
+                       f"two integer or two fp8 operands")
+    if s.zero_point is not None:
+        reasons.append("weight zero points with quantized activations are not generated")
+    if a.global_scale:
+        reasons.append("activation global scales (NVFP4-style) are not generated with 8-bit activations")
+    if a.scale_dtype.name != "float32":
+        reasons.append(f"activation scale_dtype={a.scale_dtype.name}: kernels read float32 activation scales so far")
+    for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
+        if g is not None and g % 64:
+            reasons.append(f"{what} scale groups of {g} along K: promotion reads one group per warp k slice of 64, "
+                           f"so the group must be a multiple of 64")
+    return reasons
+
+
+def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
+    t = tuning
+    reasons = []
+    if t.mma != MMA:
+        reasons.append(f"tuning.mma={t.mma!r}: kernels with 8-bit activations use {MMA!r}")
+    if t.stream_k:
+        reasons.append("tuning.stream_k: the standard pipeline uses split_k")
+    if t.a_load != "cp_async" or t.b_load != "cp_async" or t.scale_load != "cp_async":
+        reasons.append("the standard pipeline loads every tensor with cp_async")
+    if t.cluster_m * t.cluster_n != 1:
+        reasons.append("the standard pipeline launches no clusters (cluster_m = cluster_n = 1)")
+    warp_k = t.block_k // t.warps_k
+    for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
+        if g is not None and g % warp_k:
+            reasons.append(f"{what} scale groups of {g} along K do not hold whole warp k slices of "
+                           f"block_k / warps_k = {warp_k}")
+    return reasons
+
+
+def activation_name(layer: LayerConfig) -> str:
+    a = layer.scheme.activation
+    gran = {"token": "tok", "tensor": "t", "group": f"g{a.group_size}"}[a.granularity]
+    return f"{a.dtype.name}{gran}"
+
+
+def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
+    """The Params fields, in struct order."""
+    s, a = layer.scheme, layer.scheme.activation
+    out = [KernelArg("a", "const void*", ACTIVATION, f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"),
+           KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)",
+                     tensor="b")]
+    if weight_group_k(layer) is not None:
+        out.append(KernelArg("b_scale", "const void*", WEIGHT, "fp32 weight group scales [k group][n_pad]",
+                             tensor="b_scale"))
+    if has_out_scale(s):
+        out.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
+    shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
+    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"fp32 activation scales {shape}"))
+    if layer.has_bias:
+        out.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {layer.dtype}"))
+    out.append(KernelArg("c", "void*", OUTPUT, f"output (m, n) {layer.out_dtype}, row stride ldc"))
+    if split_k:
+        out += [KernelArg("workspace", "void*", SCRATCH, "fp32 split-K partial tiles", tensor="workspace"),
+                KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
+                          tensor="counters")]
+    out += [KernelArg("m", "int", ROWS, "rows of a and c"), KernelArg("lda", "int", LDA, "row stride of a, bytes"),
+            KernelArg("ldc", "int", LDC, "row stride of c, elements")]
+    return tuple(out)
+
+
+def weight_layout(layer: LayerConfig, b_layout: BLayout8, n_pad: int) -> WeightLayout:
+    g = weight_group_k(layer)
+    k_pad = padded_k(layer)
+    return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group_size=g,
+                        group_rows=math.ceil(k_pad / g) if g else None, out_scale=has_out_scale(layer.scheme),
+                        code_offset=0, converter_bias=0.0, zero_point=None, dtype="float32")
+
+
+def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target,
+            reasons: list[str], b_layout: BLayout8, shared: int, stage_bytes: int, a_bytes: int) -> KernelPlan:
+    """The components of one kernel with 8-bit activations; `reasons` are the standard compose's so far."""
+    s, a = layer.scheme, layer.scheme.activation
+    t = tuning
+    reasons = reasons + scheme_reasons(layer) + tuning_reasons(layer, t)
+    warp_m, warp_n, warp_k = t.block_m // t.warps_m, t.block_n // t.warps_n, t.block_k // t.warps_k
+    if warp_m % 8:
+        reasons.append(f"warp tile m = block_m/warps_m = {warp_m} is not a multiple of 8")
+    reasons += b_layout.check()
+    if K_ALIGN % t.block_k:
+        reasons.append(f"tuning.block_k={t.block_k} must divide {K_ALIGN} (the K padding shared by a layer's kernels)")
+    reasons += split_k_reasons(layer, t)
+    if reasons:
+        raise compose_error(reasons)
+    n_pad = math.ceil(layer.n / t.block_n) * t.block_n
+    k_pad = padded_k(layer)
+    wgroups, agroups = weight_group_k(layer) is not None, activation_group_k(layer) is not None
+
+    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8), BTileShared8(),
+                               BTileCpAsync(bits=8, tile_bytes=b_layout.stage_bytes(t.warps_k))]
+    if wgroups or agroups:
+        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups))
+    mma: list[Component] = [MmaSyncM16N8K32(weight=s.weight.name, activation=a.dtype.name)]
+    schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
+    epilogue: list[Component] = []
+    if t.warps_k > 1:
+        epilogue.append(WarpKReduce(warps_k=t.warps_k))
+    if t.split_k > 1:
+        epilogue.append(SplitKReduce(split_k=t.split_k))
+    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                                bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
+                                token_scale="" if agroups else a.granularity))
+    pdl = target.has("pdl")
+    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}")
+    pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
+                                  integer=not s.weight.is_float, weight_groups=wgroups, activation_groups=agroups,
+                                  warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
+                                  pdl=pdl)
+    body = memory + mma + schedule + epilogue + [pipeline]
+    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
+    reasons = missing_features(components, target) + missing_symbols(components)
+    if reasons:
+        raise compose_error(reasons)
+
+    k_tiles = math.ceil(layer.k / t.block_k)
+    constants = constants_table(layer, n_pad, k_pad) + [
+        ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),
+        ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
+        ("kWarpsMN", t.warps_m * t.warps_n, ""),
+        ("kWarpM", warp_m, "warp tile"), ("kWarpN", warp_n, ""), ("kWarpK", warp_k, ""),
+        ("kWarpMTiles", warp_m // 8, "m8 mma tiles per warp"), ("kWarpNTiles", warp_n // 16, "n16 mma tiles per warp"),
+        ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
+        ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
+        ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16,
+         "16-byte chunks per n block of the packed weight"),
+    ]
+    if wgroups:
+        constants.append(("kWeightGroupK", weight_group_k(layer), "k elements per weight scale group"))
+    if agroups:
+        constants += [("kActivationGroupK", activation_group_k(layer), "k elements per activation scale group"),
+                      ("kActivationGroups", math.ceil(layer.k / activation_group_k(layer)),
+                       "activation scale groups per token")]
+    constants += split_k_constants(t) + [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
+    return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
+                      components=components, constants=tuple(constants), args=args(layer, t.split_k > 1),
+                      layout=weight_layout(layer, b_layout, n_pad), group=None, shared_bytes=shared,
+                      threads=t.threads, pdl=pdl,
+                      launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
+                                         split_k=t.split_k))

@@ -1,0 +1,171 @@
+"""Kernels with 8-bit activations on the standard pipeline (mma.sync m16n8k32): the BLayout8 weight layout, the
+8-bit atom, composition and refusals, NVRTC compilation without spills, and what the rendered source holds.
+
+Expected positions in BLayout8 are computed here from the packing docstring, not from its index helpers: global
+order [n block][k slice][warp n][tile][lane][16 bytes], tiles (16 n x 32 k) numbered k-step-major, lane (g, t)
+holding row g (+8 for odd registers), k 4t..4t+3 (+16 for registers 2, 3), lowest byte first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.codegen import compose
+from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MMA_SYNC_M16N8K32_8BIT
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.kernel import build
+from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
+from humming_gen.pipelines.weights import prepare_weight
+from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
+from humming_gen.targets import get_target
+
+LAYOUTS8 = [(128, 2, 64), (64, 1, 32), (256, 4, 128)]
+
+
+@pytest.mark.parametrize("spec", LAYOUTS8, ids=lambda s: "bn{}-wn{}-wk{}".format(*s))
+def test_blayout8_round_trip_and_positions(spec) -> None:
+    layout = BLayout8(*spec)
+    n, k = 2 * layout.block_n, 4 * layout.warp_k
+    codes = torch.randint(0, 256, (n, k), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
+    codes = codes.to(torch.uint8)
+    packed = pack_codes8(codes, layout)
+    assert torch.equal(unpack_codes8(packed, layout, n, k), codes)
+    flat = packed.view(torch.uint8).reshape(n // layout.block_n, k // layout.warp_k, -1)
+    n_tiles = layout.warp_n // 16
+    nn = torch.arange(n).view(-1, 1).expand(n, k)
+    kk = torch.arange(k).view(1, -1).expand(n, k)
+    nb, n_in = nn // layout.block_n, nn % layout.block_n
+    wn, n_warp = n_in // layout.warp_n, n_in % layout.warp_n
+    ks, k_warp = kk // layout.warp_k, kk % layout.warp_k
+    tile = (k_warp // 32) * n_tiles + n_warp // 16
+    row, col = n_warp % 16, k_warp % 32
+    lane = 4 * (row % 8) + (col % 16) // 4
+    reg = row // 8 + 2 * (col // 16)
+    byte = (((wn * layout.tiles_per_warp + tile) * 32 + lane) * 4 + reg) * 4 + col % 4
+    assert torch.equal(flat[nb, ks, byte], codes)
+
+
+def test_atom_8bit_is_the_16bit_fragment_of_byte_pairs() -> None:
+    """Register r of the m16n8k32 8-bit atom holds byte pairs exactly where the m16n8k16 atom holds elements: what
+    lets the 16-bit ldmatrix path load 8-bit activations (design note in the atom's comment)."""
+    for lane in range(32):
+        for reg in range(4):
+            for byte in range(4):
+                row16, k16 = MMA_SYNC_M16N8K16.a_element(lane, reg, byte // 2)
+                assert MMA_SYNC_M16N8K32_8BIT.a_element(lane, reg, byte) == (row16, 2 * k16 + byte % 2)
+
+
+def _plan(scheme: str, target: str, m: int = 1, n: int = 4000, k: int = 3072, **kw):
+    layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
+    tgt = get_target(target)
+    return compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(m), tgt)
+
+
+# (scheme, target, M buckets compiled): int8 from sm_80, fp8 from sm_89; every bucket on sm_90a
+COMPILE = [("w8a8-int8-channel", "sm_80", (1, 1000)), ("w8a8-int8-channel", "sm_90a", (1, 16, 32, 64, 256, 1000)),
+           ("w8a8-int8-channel", "sm_120a", (1, 1000)), ("w8a8-fp8-channel", "sm_89", (1, 1000)),
+           ("w8a8-fp8-channel", "sm_90a", (1, 16, 32, 64, 256, 1000)), ("w8a8-fp8-channel", "sm_120a", (1, 1000)),
+           ("w8a8-fp8-block128", "sm_89", (1, 1000)), ("w8a8-fp8-block128", "sm_90a", (1, 16, 32, 64, 256, 1000)),
+           ("w8a8-fp8-block128", "sm_120a", (1, 1000)), ("w8a8-fp8-tensor", "sm_90a", (1,))]
+
+
+@pytest.mark.parametrize("scheme,target,ms", COMPILE, ids=lambda v: v if isinstance(v, str) else None)
+def test_compiles_without_spills(scheme: str, target: str, ms) -> None:
+    for m in ms:
+        kernel = build(_plan(scheme, target, m, has_bias=True))
+        res = kernel.resources
+        assert res["spill_store_bytes"] == 0 and res["spill_load_bytes"] == 0, (m, res)
+        assert res["registers"] <= 255
+
+
+def test_fp8_on_sm80_names_the_feature() -> None:
+    with pytest.raises(ComposeError, match="lacks 'mma_fp8'") as e:
+        _plan("w8a8-fp8-channel", "sm_80")
+    assert "sm_80" in str(e.value) and "MmaSyncM16N8K32" in str(e.value)
+    with pytest.raises(ComposeError, match="lacks 'mma_fp8'"):
+        _plan("w8a8-fp8-block128", "sm_86")
+
+
+@pytest.mark.parametrize("scheme,needle", [
+    ("w4a8-int4-g128-fp8", "only 8-bit weights"), ("w4a4-nvfp4", "8-bit activations"),
+    ("w8a8-mxfp8", "multiple of 64")])
+def test_unserved_schemes_are_refused_with_their_reason(scheme: str, needle: str) -> None:
+    with pytest.raises(ComposeError, match=needle):
+        _plan(scheme, "sm_90a", k=4096)
+
+
+def test_warp_specialized_refuses_and_every_bucket_is_standard() -> None:
+    layer = LayerConfig(n=8192, k=8192, scheme="w8a8-fp8-channel")
+    reasons = WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a"))
+    assert any("quantized activations" in r and "standard pipeline" in r for r in reasons)
+    plan = choose_tunings(layer, get_target("sm_90a"))
+    assert all(t.pipeline == "standard" and t.mma == "m16n8k32" for _, t in plan.buckets)
+
+
+def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
+    return build(_plan(scheme, target, m, **kw), compile=False).source
+
+
+def test_rendered_source_holds_only_the_8bit_path() -> None:
+    fp8 = _source("w8a8-fp8-channel", m=1000)
+    int8 = _source("w8a8-int8-channel", target="sm_80")
+    block = _source("w8a8-fp8-block128", has_bias=True)
+    for src in (fp8, int8, block):
+        for gone in ("dequant_pair", "extract_code_pair", "convert_pair", "mma_m16n8k16", "load_b_chunk",
+                     "kChunkWords", "load_group_stage", "b_zero", "u16* a"):
+            assert gone not in src
+        assert "mma_m16n8k32(acc_slice" in src and "load_b_tile(" in src
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in fp8
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in int8 and "static_cast<float>(acc_slice" in int8
+    assert "static_cast<float>" not in fp8.split("auto compute_stage")[1].split("};")[0]
+    # per-token scales in the epilogue; block scales at promotion, not in the epilogue
+    assert "* scale * a_scale[m]" in fp8 and "load_weight_group_scales" not in fp8
+    assert "a_scale[m]" not in block and "* w_scale[nt][i / 2] * a_scale[mt][i % 2]" in block
+    assert "kActivationGroups = 24" in block and "p.out_scale" not in block
+    assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in _source("w8a8-fp8-tensor")
+
+
+def test_16bit_kernels_keep_their_source() -> None:
+    """The 8-bit options render nothing in a 16-bit kernel (tests/golden holds the full texts)."""
+    src = _source("w4a16-int4-g128")
+    for gone in ("a_scale", "m16n8k32", "load_b_tile", "unsigned char* a"):
+        assert gone not in src
+
+
+def test_prepared_weight8() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(300, 640) * 0.05
+    for scheme in ("w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-int8-channel"):
+        plan = _plan(scheme, "sm_90a", n=300, k=640)
+        qw = hg.scheme(scheme).quantize(w)
+        pw = prepare_weight(plan, qw, "cpu")
+        lay = plan.layout
+        codes = unpack_codes8(pw.b, lay.b_layout, lay.n_pad, lay.k_pad)
+        assert torch.equal(codes[:300, :640], qw.codes) and not codes[300:].any() and not codes[:, 640:].any()
+        if scheme.endswith("block128"):
+            assert pw.out_scale is None and pw.b_scale.shape == (lay.k_pad // 128, lay.n_pad)
+            assert torch.equal(pw.b_scale[4, 130], qw.scales[1, 4]) and torch.equal(pw.b_scale[5, 0], qw.scales[0, 4])
+        else:
+            assert pw.b_scale is None and torch.equal(pw.out_scale[:300], qw.scales.reshape(-1))
+
+
+def test_launcher_requires_activation_scales() -> None:
+    plan = _plan("w8a8-int8-channel", "sm_90a", n=256, k=512)
+    pw = prepare_weight(plan, hg.scheme("w8a8-int8-channel").quantize(torch.randn(256, 512)), "cpu")
+    launcher = build(plan, compile=False).bind(pw, None, torch.device("cpu"))
+    codes, out = torch.zeros(4, 512, dtype=torch.uint8), torch.empty(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="pass a_scale"):
+        launcher(codes, out)
+
+
+def test_quantlinear_refuses_unserved_schemes_clearly() -> None:
+    w = torch.randn(256, 512)
+    with pytest.raises(ValueError, match="only 8-bit weights") as e:
+        hg.QuantLinear.from_float(w, "w4a8-int4-g128-fp8", target="sm_90a", device="cpu")
+    assert "weight_only=True" in str(e.value)
+    with pytest.raises(ValueError, match="mma_fp8"):
+        hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_80", device="cpu")

@@ -1,0 +1,87 @@
+"""QuantLinear with 8-bit activations (standard pipeline, mma.sync m16n8k32) against the float64 reference.
+
+The reference is reference_gemm: x quantized by the scheme's ActivationScheme in float64 (bit-identical to what
+humming_gen.quantize_activation writes, docs/FORMATS.md 4.1), dequantized, times the dequantized weight, plus
+bias. What remains between kernel and reference is the accumulation order (int8: exact s32 partial sums per warp
+k slice; fp8: the tensor core's accumulation inside a 64-k slice, then fp32), fp32 scaling and the output
+rounding, so the tolerances are those of the output type: relative Frobenius error below TOLERANCE and every
+element within ELEMENT_TOL of the largest reference value. Outputs are poisoned (NaN) before every launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.reference import reference_gemm
+
+pytestmark = pytest.mark.gpu
+
+M_VALUES = (1, 7, 16, 33, 64, 128, 1000)
+SHAPES = ((1024, 2048), (4000, 3000), (576, 7168))  # (N, K)
+SCHEMES = ("w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128")
+TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}  # output rounding: 2^-9 (bf16), 2^-12 (fp16), plus slack
+ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}  # |y - ref| / max |ref|
+
+
+def _cases():
+    for scheme in SCHEMES:
+        for n, k in SHAPES:
+            if scheme.endswith("block128") and k % 128:
+                k = k // 128 * 128 + 128  # 1 x 128 activation groups need K % 128 == 0 (LayerConfig): 3072
+            for dtype in (torch.bfloat16, torch.float16):
+                bias = dtype == torch.bfloat16
+                dt = "bf16" if dtype == torch.bfloat16 else "fp16"
+                yield pytest.param(scheme, n, k, dtype, bias, id=f"{scheme}-n{n}-k{k}-{dt}{'-bias' if bias else ''}")
+
+
+def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
+    x = torch.randn(m, qw.k, device="cuda").to(dtype)
+    x[0, : min(7, qw.k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
+    out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=dtype)
+    layer(x, out=out)
+    ref = reference_gemm(x.double(), qw, bias=bias)
+    y = out.double()
+    assert torch.isfinite(y).all(), f"{what} m={m}: non-finite outputs (rows or columns left unwritten)"
+    err = ((y - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[dtype], f"{what} m={m}: relative error {err:.3g}"
+    worst = ((y - ref).abs().max() / ref.abs().max()).item()
+    assert worst < ELEMENT_TOL[dtype], f"{what} m={m}: largest element error {worst:.3g} of max |ref|"
+
+
+@pytest.mark.parametrize("scheme,n,k,dtype,has_bias", list(_cases()))
+def test_w8a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: bool) -> None:
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k, device="cuda") * 0.05
+    bias = torch.randn(n, device="cuda").to(dtype) if has_bias else None
+    qw = hg.scheme(scheme).quantize(w)
+    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    assert all(kern.plan.tuning.mma == "m16n8k32" for kern in layer.kernels)
+    for m in M_VALUES:
+        _check(layer, qw, bias, dtype, m, scheme)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_w8a8_fp8_per_tensor_scale(static: bool) -> None:
+    """Per-tensor activation scales: dynamic (tensor_amax kernel) or a checkpoint's static input_scale."""
+    torch.manual_seed(5)
+    n, k = 1024, 2048
+    qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(n, k, device="cuda") * 0.05)
+    if static:
+        qw.input_scale = torch.tensor([4.0 / 448], device="cuda")  # |x| beyond 4 saturates, as in the reference
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    for m in (1, 33, 1000):
+        _check(layer, qw, None, torch.bfloat16, m, f"fp8 tensor {'static' if static else 'dynamic'}")
+
+
+def test_w8a8_3d_and_strided_input() -> None:
+    """(batch, seq, K) inputs and a row-strided view are quantized and multiplied row by row."""
+    torch.manual_seed(6)
+    qw = hg.scheme("w8a8-int8-channel").quantize(torch.randn(512, 1024, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    buf = torch.randn(2, 5, 1100, device="cuda").bfloat16()
+    x = buf[..., :1024]
+    y = layer(x)
+    ref = reference_gemm(x.reshape(-1, 1024).double(), qw).reshape(2, 5, 512)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < TOLERANCE[torch.bfloat16]
