@@ -1,0 +1,149 @@
+"""References of the MoE path: routing (`moe_align_reference`, integer, the exact outputs of the moe_align kernels)
+and a float64 MoE forward (`reference_fused_moe`: two expert GEMMs, a gated activation, the weighted top-k sum)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+ACTIVATIONS = ("silu_mul", "gelu_mul", "swiglu_oai")
+GATE_UP_LAYOUTS = ("split", "interleaved", "up_first")
+
+
+class MoeAlignment(NamedTuple):
+    """Routing of M x topk assignments (index i = m * topk + j) to experts, padded per expert to block_m rows.
+
+    sorted_ids (max_padded,) int32: assignment indices grouped by local expert, in assignment order within an
+        expert, each expert's run padded to a multiple of block_m with numel = M * topk; numel past the total too.
+    expert_ids (max_padded / block_m,) int32: the local expert of each block of block_m entries, -1 past the total.
+    num_tokens_post_pad (1,) int32: the padded total (the used length of sorted_ids).
+    expert_offsets (E + 1,) int32: padded start of each expert's run; expert_offsets[E] = the padded total.
+    expert_counts (E,) int32: assignments per local expert (unpadded).
+    inverse (numel,) int32: position of each assignment in sorted_ids; -1 for skipped assignments.
+    """
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_tokens_post_pad: torch.Tensor
+    expert_offsets: torch.Tensor
+    expert_counts: torch.Tensor
+    inverse: torch.Tensor
+
+
+def max_padded_size(numel: int, num_experts: int, block_m: int) -> int:
+    """Length of sorted_ids for any routing: every used expert adds at most block_m - 1 padding rows, and at most
+    min(E, numel) experts are used; rounded up to whole blocks."""
+    bound = numel + torch.sym_min(num_experts, numel) * (block_m - 1)  # integer ops only: M may be symbolic
+    return (bound + block_m - 1) // block_m * block_m
+
+
+def local_experts(topk_ids: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+    """(numel,) int64 local expert of each assignment, -1 where skipped: an id outside [0, num_ids) (num_ids =
+    len(expert_map) with a map, else num_experts), or a map entry outside [0, num_experts)."""
+    ids = topk_ids.reshape(-1).long()
+    num_ids = expert_map.numel() if expert_map is not None else num_experts
+    valid = (ids >= 0) & (ids < num_ids)
+    local = ids.clamp(0, max(num_ids - 1, 0))
+    if expert_map is not None:
+        local = expert_map.long().to(ids.device)[local] if num_ids else local
+        valid &= (local >= 0) & (local < num_experts)
+    return torch.where(valid, local, torch.full_like(local, -1))
+
+
+def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                        expert_map: torch.Tensor | None = None) -> MoeAlignment:
+    """The outputs of humming_gen.moe_align, in torch (any device; it syncs, so tests only)."""
+    numel = topk_ids.numel()
+    device = topk_ids.device
+    local = local_experts(topk_ids, num_experts, expert_map)
+    valid = local >= 0
+    counts = torch.bincount(local[valid], minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
+    offsets[1:] = torch.cumsum(padded, 0)
+    starts = torch.cumsum(counts, 0) - counts  # unpadded start of each expert among the kept assignments
+    key = torch.where(valid, local, torch.full_like(local, num_experts))
+    order = torch.sort(key, stable=True).indices[: int(valid.sum())]  # kept assignments by expert, in order
+    experts = local[order]
+    positions = offsets[experts] + torch.arange(order.numel(), device=device) - starts[experts]
+    max_padded = max_padded_size(numel, num_experts, block_m)
+    sorted_ids = torch.full((max_padded,), numel, dtype=torch.int64, device=device)
+    sorted_ids[positions] = order
+    inverse = torch.full((numel,), -1, dtype=torch.int64, device=device)
+    inverse[order] = positions
+    total = offsets[-1]
+    block_starts = torch.arange(max_padded // block_m, device=device) * block_m
+    expert_ids = torch.searchsorted(offsets, block_starts, right=True) - 1
+    expert_ids = torch.where(block_starts < total, expert_ids, torch.full_like(expert_ids, -1))
+    i32 = torch.int32
+    return MoeAlignment(sorted_ids.to(i32), expert_ids.to(i32), total.reshape(1).to(i32), offsets.to(i32),
+                        counts.to(i32), inverse.to(i32))
+
+
+def gated_activation(h: torch.Tensor, activation: str = "silu_mul", gate_up_layout: str = "split",
+                     swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+    """(..., 2I) -> (..., I): gate and up taken from h as `gate_up_layout` stores them ("split": [gate; up],
+    vLLM's w13 order; "interleaved": g0, u0, g1, u1, ... as gpt-oss checkpoints; "up_first": [up; gate]), then
+    silu(gate) * up, gelu(gate) * up (erf form), or gpt-oss's swiglu: gate clamped to <= limit, up to
+    [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: got {activation!r}; allowed: {ACTIVATIONS}")
+    if gate_up_layout not in GATE_UP_LAYOUTS:
+        raise ValueError(f"gate_up_layout: got {gate_up_layout!r}; allowed: {GATE_UP_LAYOUTS}")
+    if h.shape[-1] % 2:
+        raise ValueError(f"gated activation needs an even width (gate and up), got {h.shape[-1]}")
+    half = h.shape[-1] // 2
+    if gate_up_layout == "split":
+        gate, up = h[..., :half], h[..., half:]
+    elif gate_up_layout == "up_first":
+        up, gate = h[..., :half], h[..., half:]
+    else:
+        gate, up = h[..., 0::2], h[..., 1::2]
+    if activation == "silu_mul":
+        return torch.nn.functional.silu(gate) * up
+    if activation == "gelu_mul":
+        return torch.nn.functional.gelu(gate) * up
+    gate = gate.clamp(max=swiglu_limit)
+    up = up.clamp(-swiglu_limit, swiglu_limit)
+    return (up + 1) * gate * torch.sigmoid(swiglu_alpha * gate)
+
+
+def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor, *, activation: str = "silu_mul", gate_up_layout: str = "split",
+                        expert_map: torch.Tensor | None = None, bias13: torch.Tensor | None = None,
+                        bias2: torch.Tensor | None = None, swiglu_alpha: float = 1.702,
+                        swiglu_limit: float = 7.0) -> torch.Tensor:
+    """A whole MoE layer in float64: (M, H) = sum_j topk_weights[m, j] * expert(x[m]) over the kept slots j.
+
+    x (M, H); w13 (E, 2I, H) (gate / up rows as `gate_up_layout` says); w2 (E, H, I); bias13 (E, 2I), bias2
+    (E, H); topk_weights, topk_ids (M, topk). expert(x) = act(x @ w13[e]^T + bias13[e]) @ w2[e]^T + bias2[e] with
+    e the local expert: topk_ids index expert_map (global -> local, -1 for other ranks' experts) when given, else
+    w13 directly. Skipped slots (id -1, out of range, or mapped to -1) add nothing: a token whose slots are all
+    skipped gives a zero row. Float weights: quantize them first (QuantizedWeight.dequantize) to check a kernel.
+    """
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"reference_fused_moe: x (M, H), w13 (E, 2I, H), w2 (E, H, I); got {tuple(x.shape)}, "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
+    num_experts, two_i, hidden = w13.shape
+    if x.shape[1] != hidden or w2.shape != (num_experts, hidden, two_i // 2):
+        raise ValueError(f"reference_fused_moe: shapes disagree: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, "
+                         f"w2 {tuple(w2.shape)} (want w2 = (E, H, I) with 2I = {two_i})")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"reference_fused_moe: topk_ids and topk_weights must both be (M, topk) with M = "
+                         f"{x.shape[0]}, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+    f64 = torch.float64
+    local = local_experts(topk_ids, num_experts, expert_map).reshape(topk_ids.shape)
+    xd = x.to(f64)
+    out = torch.zeros(x.shape[0], hidden, dtype=f64, device=x.device)
+    weights = topk_weights.to(f64)
+    for e in torch.unique(local[local >= 0]).tolist():  # one pair of GEMMs per used expert
+        m, j = torch.nonzero(local == e, as_tuple=True)
+        h = xd[m] @ w13[e].to(f64).T
+        if bias13 is not None:
+            h = h + bias13[e].to(f64)
+        y = gated_activation(h, activation, gate_up_layout, swiglu_alpha, swiglu_limit) @ w2[e].to(f64).T
+        if bias2 is not None:
+            y = y + bias2[e].to(f64)
+        out.index_add_(0, m, weights[m, j, None] * y)
+    return out
