@@ -17,6 +17,8 @@ _EXPORTS = {
     "QuantizedWeight": "humming_gen.schemes.scheme",
     "QuantizedActivation": "humming_gen.schemes.quantize",
     "quantize_activation": "humming_gen.activation.api",
+    "moe_align": "humming_gen.moe.align",
+    "MoeAlignment": "humming_gen.reference.moe",
     "scheme": ("humming_gen.schemes.presets", "preset"),
     "list_presets": "humming_gen.schemes.presets",
     "DType": "humming_gen.formats",
@@ -38,6 +40,7 @@ _EXPORTS = {
     "QuantizeReport": "humming_gen.layer.model",
     "reference_gemm": "humming_gen.reference",
     "reference_moe": "humming_gen.reference",
+    "reference_fused_moe": "humming_gen.reference.moe",
     "convert": "humming_gen.schemes.converters",
     "load_layer": "humming_gen.schemes.converters",
 }
