@@ -169,3 +169,23 @@ def test_quantlinear_refuses_unserved_schemes_clearly() -> None:
     assert "weight_only=True" in str(e.value)
     with pytest.raises(ValueError, match="mma_fp8"):
         hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_80", device="cpu")
+
+
+INT8_GROUP = hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
+                            activation=hg.ActivationScheme("int8", granularity="group", group_size=128))
+FP8_E5M2_ACT = hg.QuantScheme("float8e4m3", granularity="channel", scale_dtype="float32",
+                              activation=hg.ActivationScheme("float8e5m2", granularity="token"))
+
+
+@pytest.mark.parametrize("scheme,target", [(INT8_GROUP, "sm_80"), (INT8_GROUP, "sm_90a"), (FP8_E5M2_ACT, "sm_89"),
+                                           (FP8_E5M2_ACT, "sm_120a")], ids=["int8g128-sm_80", "int8g128-sm_90a",
+                                                                            "e5m2act-sm_89", "e5m2act-sm_120a"])
+def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
+    for m in (1, 1000):
+        kernel = build(_plan(scheme, target, m, out_dtype="float32"))
+        assert kernel.resources["spill_store_bytes"] == 0, (m, kernel.resources)
+    src = kernel.source
+    if scheme is INT8_GROUP:
+        assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
+    else:
+        assert ".f32.e4m3.e5m2.f32" in src and "* scale * a_scale[m]" in src

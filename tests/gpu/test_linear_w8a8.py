@@ -85,3 +85,27 @@ def test_w8a8_3d_and_strided_input() -> None:
     y = layer(x)
     ref = reference_gemm(x.reshape(-1, 1024).double(), qw).reshape(2, 5, 512)
     assert ((y.double() - ref).norm() / ref.norm()).item() < TOLERANCE[torch.bfloat16]
+
+
+INT8_GROUP = hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
+                            activation=hg.ActivationScheme("int8", granularity="group", group_size=128))
+FP8_E5M2_ACT = hg.QuantScheme("float8e4m3", granularity="channel", scale_dtype="float32",
+                              activation=hg.ActivationScheme("float8e5m2", granularity="token"))
+
+
+@pytest.mark.parametrize("scheme,out_dtype", [(INT8_GROUP, torch.bfloat16), (FP8_E5M2_ACT, torch.float32)],
+                         ids=["int8-g128-x-int8-g128", "e4m3-channel-x-e5m2-token-out-fp32"])
+def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
+    """int8 per-group weights and activations (promotion with both group scales) and e5m2 activations against
+    e4m3 weights, with an fp32 output."""
+    torch.manual_seed(7)
+    n, k = 4000, 3072
+    qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, out_dtype=out_dtype)
+    for m in (1, 33, 1000):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        layer(x, out=out)
+        ref = reference_gemm(x.double(), qw)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < TOLERANCE[torch.bfloat16], f"m={m}: relative error {err:.3g}"
