@@ -38,6 +38,7 @@ _EXPORTS = {
     "quantize_model": "humming_gen.layer.model",
     "load_quantized_model": "humming_gen.layer.model",
     "QuantizeReport": "humming_gen.layer.model",
+    "autotune": "humming_gen.tuning.autotune",
     "reference_gemm": "humming_gen.reference",
     "reference_moe": "humming_gen.reference",
     "reference_fused_moe": "humming_gen.reference.moe",

@@ -4,6 +4,8 @@
     humming-gen emit --layer-json '<the "layer" JSON line of a generated header>' --target sm_90a
     humming-gen inspect --n 8192 --k 8192 --scheme w4a16-int4-g128 --target sm_90a
     humming-gen presets
+    humming-gen tune --n 4096 --k 4096 --scheme w4a16-int4-g128 --m 1,16,64,256,1024   (on a GPU)
+    humming-gen bench --formats w4a16-int4-g128 --shapes 8192x8192 --m 1,16,64 --out bench_out   (on a GPU)
 """
 
 from __future__ import annotations
@@ -137,6 +139,80 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_candidates(layer, target, ms: list[int]) -> dict:
+    """m_max -> candidate tunings of the buckets holding `ms` (what `tune` would time)."""
+    from humming_gen.heuristics import heuristic_tunings
+    from humming_gen.tuning.candidates import bucket_of, candidate_tunings
+
+    plan = heuristic_tunings(layer, target)
+    buckets = dict.fromkeys(bucket_of(plan, m) for m in sorted(set(ms)))
+    return {b: candidate_tunings(layer, target, b, heuristic=plan) for b in buckets}
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from humming_gen.bench import parse_ms
+
+    layer = _layer(args)
+    ms = parse_ms("--m", args.m)
+    if args.dry_run:
+        from humming_gen.targets import get_target
+
+        target = get_target(args.target or DEFAULT_TARGET)
+        print(layer.summary())
+        for m_max, tunings in _tune_candidates(layer, target, ms).items():
+            print(f"\nbucket M <= {m_max if m_max is not None else 'inf'}: {len(tunings)} candidates "
+                  f"(the first is the heuristics')")
+            for t in tunings:
+                print(f"  {t.summary()}")
+        return 0
+    from humming_gen.tuning.autotune import autotune
+
+    try:
+        results = autotune(layer, ms, target=args.target, rounds=args.rounds, replays=args.replays,
+                           store=not args.no_store, compiler=args.compiler)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    print("\n| bucket | M | heuristic us | tuned us | gain |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        for m in r["ms"]:
+            print(f"| <= {r['m_max'] if r['m_max'] is not None else 'inf'} | {m} | {r['heuristic_us'][m]:.1f} | "
+                  f"{r['us'][m]:.1f} | x{r['heuristic_us'][m] / r['us'][m]:.3f} |")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from humming_gen.bench import parse_formats, parse_ms, parse_shapes
+    from humming_gen.bench.report import format_table, plot_results, write_json
+
+    formats = parse_formats("--formats", args.formats)
+    shapes = parse_shapes("--shapes", args.shapes)
+    ms = parse_ms("--m", args.m)
+    standard = parse_formats("--standard", args.standard) if args.standard else []
+    if args.layers < 1 or args.replays < 1:
+        raise ValueError(f"--layers {args.layers} / --replays {args.replays}: both must be at least 1")
+    from humming_gen.bench.run import run_benchmark
+
+    try:
+        results = run_benchmark(formats, shapes, ms, min_layers=args.layers, replays=args.replays,
+                                humming=not args.no_humming, standard=standard)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    out = Path(args.out)
+    print(format_table(results))
+    print(f"\nwrote {write_json(results, out / 'bench.json')}")
+    if args.no_plot:
+        return 0
+    try:
+        for path in plot_results(results, out / "bench"):
+            print(f"wrote {path}")
+    except ImportError:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)")
+    return 0
+
+
 def preset_status(name: str, target_name: str = DEFAULT_TARGET) -> str | None:
     """None when a kernel of preset `name` can be generated for `target_name` (a 4096 x 4096 layer), else the
     first reason it cannot."""
@@ -190,6 +266,32 @@ def main(argv: list[str] | None = None) -> int:
     presets = sub.add_parser("presets", help="list the scheme presets and whether their kernels are generated")
     presets.add_argument("--target", default=DEFAULT_TARGET, help=f"arch string (default {DEFAULT_TARGET})")
     presets.set_defaults(func=cmd_presets)
+    tune = sub.add_parser("tune", help="time candidate tunings on this GPU and store the winners per M bucket")
+    _common(tune)
+    tune.set_defaults(target=None)
+    tune.add_argument("--m", default="1,16,64,256,1024", help="token counts to tune for, comma-separated")
+    tune.add_argument("--rounds", type=int, default=3, help="rounds over the candidates (order rotated)")
+    tune.add_argument("--replays", type=int, default=10, help="CUDA graph replays per timing")
+    tune.add_argument("--no-store", action="store_true", help="print the results without storing them")
+    tune.add_argument("--dry-run", action="store_true", help="list the candidates only (no GPU needed; target "
+                      f"default {DEFAULT_TARGET})")
+    tune.set_defaults(func=cmd_tune)
+    from humming_gen.bench import DEFAULT_FORMATS, DEFAULT_MS, DEFAULT_SHAPES
+
+    bench = sub.add_parser("bench", help="the canonical benchmark beside cuBLAS bf16 (and Humming): table, "
+                           "JSON, plot")
+    bench.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help="preset names, comma-separated")
+    bench.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in DEFAULT_SHAPES),
+                       help="N x K shapes, e.g. 4096x4096,14336x4096")
+    bench.add_argument("--m", default=",".join(map(str, DEFAULT_MS)), help="token counts, comma-separated")
+    bench.add_argument("--layers", type=int, default=8, help="distinct layers per timing at least (more where "
+                       "needed to keep the weights several times the L2)")
+    bench.add_argument("--replays", type=int, default=20, help="CUDA graph replays per timing (median)")
+    bench.add_argument("--standard", default="", help="formats also timed on the standard pipeline only")
+    bench.add_argument("--no-humming", action="store_true", help="skip Humming even where it is installed")
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    bench.add_argument("--out", default="bench_out", help="directory of bench.json and the plots")
+    bench.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -34,8 +34,28 @@ def ws_from_m(layer: LayerConfig) -> int:
 PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 
 
-def choose_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None, **overrides) -> TuningPlan:
-    """One TuningConfig per M bucket for `layer` on `target`.
+def choose_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None, batch_invariant: bool = False,
+                   stored: bool = True, **overrides) -> TuningPlan:
+    """One TuningConfig per M bucket for `layer` on `target`: the built-in heuristics (`heuristic_tunings`), with
+    the buckets `humming_gen.autotune` stored for this GPU and driver in their place (pipeline None, no
+    overrides, `stored`; humming_gen/tuning/store.py), or one K summation order for every M with
+    `batch_invariant` (humming_gen/heuristics/batch_invariant.py; pipeline None means standard)."""
+    if batch_invariant:
+        if overrides:
+            raise ValueError(f"batch_invariant=True takes no TuningConfig overrides, got {sorted(overrides)}")
+        from humming_gen.heuristics.batch_invariant import batch_invariant_tunings
+
+        return batch_invariant_tunings(layer, target, pipeline)
+    plan = heuristic_tunings(layer, target, pipeline=pipeline, **overrides)
+    if stored and pipeline is None and not overrides:
+        from humming_gen.tuning.store import with_stored
+
+        plan = with_stored(layer, target, plan)
+    return plan
+
+
+def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None, **overrides) -> TuningPlan:
+    """One TuningConfig per M bucket for `layer` on `target`, from the built-in heuristics.
 
     pipeline: None (the measured choice per bucket), "standard" or "warp_specialized" (every bucket it can
     take; the standard pipeline keeps the buckets below ws_from_m(layer)). `overrides` replace TuningConfig fields in

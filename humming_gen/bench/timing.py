@@ -1,0 +1,87 @@
+"""Timing by the method of docs/BENCHMARKS.md: distinct layers whose weights are several times the L2, their calls
+captured in one CUDA graph, the median of `replays` replays divided by the number of calls; and eager wall time."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+COLD_L2_MULTIPLE = 3  # the layers of one timing hold this many L2s of weights, so each reads its weight cold
+MAX_LAYERS = 64
+
+
+def cold_layer_count(weight_bytes: int, l2_bytes: int, minimum: int = 8, maximum: int = MAX_LAYERS) -> int:
+    """Distinct layers so that their weights are COLD_L2_MULTIPLE times the L2 (docs/BENCHMARKS.md, step 1)."""
+    if weight_bytes <= 0:
+        raise ValueError(f"weight_bytes must be positive, got {weight_bytes}")
+    return min(maximum, max(minimum, math.ceil(COLD_L2_MULTIPLE * l2_bytes / weight_bytes)))
+
+
+def graph_time_us(fns: Sequence[Callable], x: torch.Tensor, replays: int = 20) -> float:
+    """Median time per call, in us, of the calls fns[i](x) captured in one CUDA graph and replayed `replays` times
+    (each call warmed up first, so just-in-time work and lazily grown buffers stay out of the graph)."""
+    for f in fns:
+        f(x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f(x)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            for f in fns:
+                f(x)
+    torch.cuda.current_stream().wait_stream(s)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / len(fns))
+    del g
+    return statistics.median(times)
+
+
+def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200) -> float:
+    """Wall time per call, in us, of a synchronized loop of plain calls (graph time plus host overhead)."""
+    for f in fns:
+        f(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fns[i % len(fns)](x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def copy_gbps(nbytes: int = 1 << 30, replays: int = 10) -> float:
+    """Measured device-to-device copy rate, GB/s of bytes read plus written (the memory limit where the device
+    has no entry in limits.DEVICE_LIMITS)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def matmul_tflops(size: int = 8192, replays: int = 10) -> float:
+    """Measured bf16 GEMM rate of torch (cuBLAS), TFLOP/s: the compute limit for a device without an entry."""
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    return 2 * size**3 / (graph_time_us([lambda x: x @ b], a, replays) * 1e-6) / 1e12
