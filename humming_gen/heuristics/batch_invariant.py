@@ -127,3 +127,12 @@ def batch_invariant_tunings(layer: LayerConfig, target: Target, pipeline: str | 
         raise ValueError(f"no batch-invariant tuning for {layer.summary()} on {target.name}:\n  - "
                          + "\n  - ".join(reasons))
     return plan
+
+
+def check_batch_invariant(layer: LayerConfig, plan: TuningPlan, target: Target, static_scale: bool = False) -> None:
+    """ValueError listing why `plan` (e.g. an explicit tunings=) or the layer's activation scales would let a row's
+    result depend on the batch."""
+    reasons = activation_reasons(layer, static_scale) + invariance_reasons(layer, plan, target)
+    if reasons:
+        raise ValueError("batch_invariant=True, but row results would depend on the batch:\n  - "
+                         + "\n  - ".join(reasons))

@@ -34,12 +34,14 @@ class QuantLinear(torch.nn.Module):
     All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
     packed copy of the weight; `forward` picks the kernel for the batch's row count. weight_only=True runs a
     scheme that also quantizes activations (FP8, W4A8, NVFP4 checkpoints) with 16-bit activations instead.
+    batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, *, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, tunings: TuningPlan | None = None,
-                 out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False):
+                 out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False,
+                 batch_invariant: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.kernel import _resolve_target, build_many
@@ -65,12 +67,16 @@ class QuantLinear(torch.nn.Module):
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
                                         dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])
         self.target = _resolve_target(target)
-        self.compute_config = ComputeConfig()
+        self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
         self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
         if self.activation_scheme is not None:
             self._check_quantized_activations(qweight, _DTYPE_NAME[dtype])
-        self.tunings = tunings or choose_tunings(self.layer_config, self.target)
+        self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
+        if batch_invariant:
+            from humming_gen.heuristics.batch_invariant import check_batch_invariant
+
+            check_batch_invariant(self.layer_config, self.tunings, self.target, self._static_scale is not None)
         plans = {t: compose(self.layer_config, self.compute_config, t, self.target) for t in self.tunings.tunings()}
         keys = {layout_key(p) for p in plans.values()}
         if len(keys) != 1:
