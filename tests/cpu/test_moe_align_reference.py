@@ -188,10 +188,8 @@ def _emulate(ids: torch.Tensor, num_experts: int, block_m: int, table: torch.Ten
             for blk in range(first + t, max_padded // block_m, stride):
                 start = blk * block_m
                 out["expert_ids"][blk] = _expert_of_position(offsets, num_experts, start) if start < total else -1
-            for q in range(first + t, num_experts * block_m, stride):
-                e, slot = divmod(q, block_m)
-                position = offsets[e] + counts[e] + slot
-                if position < offsets[e + 1]:
+            for e in range((first + t) >> 5, num_experts, stride >> 5):
+                for position in range(offsets[e] + counts[e] + t % 32, offsets[e + 1], 32):
                     out["sorted_ids"][position] = numel
             for position in range(total + first + t, max_padded, stride):
                 out["sorted_ids"][position] = numel
