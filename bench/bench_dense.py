@@ -1,4 +1,5 @@
-"""Dense benchmark, canonical method of docs/BENCHMARKS.md: L distinct layers (weights several times the L2), the L
+"""Dense benchmark with eager times and standard-pipeline tuning sweeps; the timing is humming_gen.bench.timing's
+(`humming-gen bench` is the canonical benchmark). Method of docs/BENCHMARKS.md: L distinct layers (weights several times the L2), the L
 forwards captured in one CUDA graph, replayed 20x with CUDA events, median / L; eager wall time per call;
 numerics against the float64 reference on the same run. Compares cuBLAS bf16 (x @ w.t()) in the same process
 and Humming's HummingLayer when the `humming` package is importable (optional, never a dependency)."""
@@ -8,59 +9,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
 
 import humming_gen as hg
 from humming_gen.reference import reference_gemm
-from humming_side import HummingUnavailable, humming_layers  # bench/ is sys.path[0] when run as a script
+from humming_gen.bench.humming import HummingUnavailable, humming_layers
+from humming_gen.bench.report import DEVICE_LIMITS
+from humming_gen.bench.timing import eager_time_us, graph_time_us  # noqa: F401 (the sweep scripts import them here)
 
-COPY_GBPS = 4245.0  # measured H200 device-to-device copy (docs/BENCHMARKS.md)
+COPY_GBPS = DEVICE_LIMITS["H200"]["memory_gbps"]  # measured H200 device-to-device copy (docs/BENCHMARKS.md)
 FORMATS = {"w4a16-int4-g128": dict(weight="int4", group_size=128),
            "w3a16-int3-g128": dict(weight="int3", group_size=128),
            "w8a16-int8-channel": dict(weight="int8")}
 EXTRA_FORMATS = {"w4a16-e0m3-g128": dict(weight="float4e0m3", group_size=128),  # sign-magnitude, +-7
                  "w4a16-int4-g100": dict(weight="int4", group_size=100),  # a group size that is not 16k
                  "w4a16-int4-g7": dict(weight="int4", group_size=7)}
-
-
-def graph_time_us(fns, x, replays=20) -> float:
-    for f in fns:
-        f(x)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f(x)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            for f in fns:
-                f(x)
-    torch.cuda.current_stream().wait_stream(s)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(fns))
-    return statistics.median(times)
-
-
-def eager_time_us(fns, x, calls=200) -> float:
-    for f in fns:
-        f(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fns[i % len(fns)](x)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def weight_bytes(layer) -> int:

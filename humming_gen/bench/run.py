@@ -125,7 +125,7 @@ def run_benchmark(formats: Sequence[str], shapes: Sequence[tuple[int, int]], ms:
                 _time_rows(rows, progress, h_layers, xs, replays,
                            dict(impl=IMPL_HUMMING, format=name, shape=shape, n=n, k=k, layers=count),
                            lambda m: n * k * bits // 8 + act_out(m),
-                           check=lambda x, lay=h_layers[0]: rel_err(lay(x), x.double() @ w_ref.t()))
+                           check=lambda x, lay=h_layers[0], w=w_ref: rel_err(lay(x), x.double() @ w.t()))
                 del h_layers, w_ref
                 torch.cuda.empty_cache()
     finally:
