@@ -65,7 +65,7 @@ def test_one_packed_weight_serves_both_pipelines(fmt: str) -> None:
 @pytest.mark.parametrize("m", [64, 128, 256, 1024, 8192])
 def test_barrier_counts_and_registers_match_the_roles(m: int) -> None:
     """A wrong mbarrier count hangs the kernel: the full barrier expects every producer thread's cp.async arrival
-    plus the one expect_tx, the empty barrier lane 0 of every consumer warp; the register budgets fit the file."""
+    plus the one expect_tx, the empty barrier every consumer thread; the register budgets fit the file."""
     plan = compose(_layer(), ComputeConfig(), choose_tunings(_layer(), SM90).for_m(m), SM90)
     src = generate(plan, "nvrtc")
     c = {name: value for name, value, _ in plan.constants}
@@ -73,13 +73,16 @@ def test_barrier_counts_and_registers_match_the_roles(m: int) -> None:
     assert c["kThreads"] == plan.threads == c["kProducerThreads"] + 128 * c["kConsumerWarpgroups"]
     assert c["kConsumerWarps"] == 4 * c["kConsumerWarpgroups"] == c["kWarpsMN"]
     assert "mbarrier_init(ring.full_bars + 8 * s, cfg::kProducerThreads + 1)" in src
-    assert "mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerWarps)" in src
+    assert "mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerThreads)" in src
+    assert c["kConsumerThreads"] == 128 * c["kConsumerWarpgroups"]
     # the arrivals those counts expect: one expect_tx (thread 0) and one cp.async arrival per producer thread per
-    # stage; lane 0 of each consumer warp releases
+    # stage; every consumer thread releases, unconditionally
     produce = src[src.index("void produce("):src.index("void consume(")]
     assert produce.count("mbarrier_arrive_expect_tx(") == 1 and "if (threadIdx.x == 0)" in produce
     assert produce.count("cp_async_arrive_noinc(full)") == 1
-    assert "if (lane == 0) mbarrier_arrive(ring.empty_bars + 8 * s)" in src
+    consume = src[src.index("void consume("):]
+    release = consume[consume.index("auto release"):consume.index("};", consume.index("auto release"))]
+    assert release.strip().endswith("{ mbarrier_arrive(ring.empty_bars + 8 * s);") and "if" not in release
     regs = c["kProducerRegisters"] * 128 + c["kConsumerRegisters"] * 128 * c["kConsumerWarpgroups"]
     assert regs <= 65536 and c["kProducerRegisters"] % 8 == 0 and c["kConsumerRegisters"] % 8 == 0
     assert 24 <= c["kProducerRegisters"] and c["kConsumerRegisters"] <= 256
