@@ -478,9 +478,9 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
     }
   };
   // Every consumer thread arrives once its reads of the stage are done (its wgmmas retired, its words and group
-  // parameters in registers); a lane-0 arrival after __syncwarp is as correct but invisible to racecheck, and measured
-  // no faster (bench/release_ab.py, H200: 36.0 / 207.4 / 877.1 us at M = 128 / 1024 / 4096 against 35.5 / 208.8 /
-  // 897.7, same run).
+  // parameters in registers). A lane-0 arrival after __syncwarp is as correct but invisible to racecheck, and was no
+  // faster (H200, both variants in one run: 35.5 / 208.8 / 897.7 us at M = 128 / 1024 / 4096 against 36.0 / 207.4 /
+  // 877.1).
   auto release = [&](int s) { mbarrier_arrive(ring.empty_bars + 8 * s); };
   auto wait_stage = [&](int s, int ph) {
     mbarrier_wait(ring.full_bars + 8 * s, ph);
