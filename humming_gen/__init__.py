@@ -35,6 +35,7 @@ _EXPORTS = {
     "Kernel": "humming_gen.kernel",
     "compile": "humming_gen.kernel",
     "QuantLinear": "humming_gen.layer.linear",
+    "QuantMoE": "humming_gen.layer.moe",
     "quantize_model": "humming_gen.layer.model",
     "load_quantized_model": "humming_gen.layer.model",
     "QuantizeReport": "humming_gen.layer.model",

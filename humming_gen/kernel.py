@@ -10,7 +10,8 @@ import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
-from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROWS, SCRATCH,
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROUTING, ROWS,
+                                        SCRATCH, TOP_K,
                                         WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
@@ -110,7 +111,8 @@ class Launcher:
     output pointers, m and the row strides."""
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
-                 "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot")
+                 "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",
+                 "_routing_slots")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
@@ -118,10 +120,13 @@ class Launcher:
         self._values: list[int] = []
         self._per_call: dict[str, int] = {}  # kind -> index in _values
         self._scratch_slots: dict[str, int] = {}
+        self._routing_slots: dict[str, int] = {}  # MoE: routing tensor -> index in _values
         for a in plan.args:
             self._values.append(self._bound_value(a))
-            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE):
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K):
                 self._per_call[a.kind] = len(self._values) - 1
+            elif a.kind == ROUTING:
+                self._routing_slots[a.tensor] = len(self._values) - 1
             elif a.kind == SCRATCH:
                 self._scratch_slots[a.tensor] = len(self._values) - 1
         missing = {ACTIVATION, OUTPUT, ROWS, LDA, LDC} - set(self._per_call)
@@ -184,6 +189,8 @@ class Launcher:
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
                 if a_scale is None else "a_scale given, but this kernel reads 16-bit activations without scales"))
+        if self._routing_slots:
+            raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
         m = a.shape[0]
         if self._fn is None:
             self._fn = self.kernel._function(self.device.index or 0)
@@ -194,6 +201,34 @@ class Launcher:
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
         if a_scale is not None:
             values[self._a_scale_slot] = a_scale.data_ptr()
+        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
+               pdl=self._pdl)
+
+    def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
+            topk_weights: torch.Tensor | None = None) -> None:
+        """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
+        `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
+        other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does."""
+        from humming_gen.runtime import launch
+
+        slots = self._routing_slots
+        if not slots:
+            raise ValueError(f"kernel {self.kernel.name} is not an MoE kernel; call the launcher with (a, out)")
+        if ("topk_weights" in slots) != (topk_weights is not None):
+            raise ValueError(f"kernel {self.kernel.name}: " + (
+                "it multiplies by the router weights; pass topk_weights" if topk_weights is None
+                else "topk_weights given, but this kernel does not multiply by them"))
+        m = out.shape[0]
+        if self._fn is None:
+            self._fn = self.kernel._function(self.device.index or 0)
+        values, at = self._values, self._per_call
+        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
+        values[at[ROWS]], values[at[LDA]], values[at[LDC]], values[at[TOP_K]] = m, a.stride(0), out.stride(0), top_k
+        values[slots["sorted_ids"]] = routing.sorted_ids.data_ptr()
+        values[slots["expert_ids"]] = routing.expert_ids.data_ptr()
+        values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
+        if topk_weights is not None:
+            values[slots["topk_weights"]] = topk_weights.data_ptr()
         launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                pdl=self._pdl)
 

@@ -45,7 +45,9 @@ ROWS = "rows"            # per call: m
 LDA = "lda"              # per call: row stride of the activation, elements
 LDC = "ldc"              # per call: row stride of the output, elements
 ACTIVATION_SCALE = "activation_scale"  # per call: fp32 scales of quantized activations (per token, group or tensor)
-ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE)
+ROUTING = "routing"      # per call, MoE: a tensor of the routing (`tensor` names the MoeAlignment field or topk_weights)
+TOP_K = "top_k"          # per call, MoE: assignments per activation row (a row of a is read for `top_k` of them)
+ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K)
 CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
 
 
@@ -57,15 +59,16 @@ class KernelArg:
     ctype: str
     kind: str
     comment: str = ""
-    tensor: str | None = None  # WEIGHT: PreparedWeight attribute; SCRATCH: the scratch buffer's name
+    tensor: str | None = None  # WEIGHT: PreparedWeight attribute; SCRATCH: the scratch buffer's name; ROUTING: which
 
     def __attrs_post_init__(self) -> None:
         if self.kind not in ARG_KINDS:
             raise ValueError(f"KernelArg {self.name}: kind {self.kind!r} is not one of {ARG_KINDS}")
         if self.ctype not in CTYPES:
             raise ValueError(f"KernelArg {self.name}: ctype {self.ctype!r} is not one of {tuple(CTYPES)}")
-        if (self.kind in (WEIGHT, SCRATCH)) != (self.tensor is not None):
-            raise ValueError(f"KernelArg {self.name}: `tensor` names the weight or scratch tensor of those kinds only")
+        if (self.kind in (WEIGHT, SCRATCH, ROUTING)) != (self.tensor is not None):
+            raise ValueError(f"KernelArg {self.name}: `tensor` names the weight, scratch or routing tensor of those "
+                             f"kinds only")
 
 
 @attrs.frozen
@@ -163,12 +166,16 @@ class TiledLaunch:
     block_m: int
     block_n: int
     split_k: int
+    experts: int = 1  # MoE (indexed): m counts assignments, padded per expert to block_m rows by moe_align
 
     @property
     def cluster(self) -> None:
         return None
 
     def grid(self, m: int) -> tuple[int, int, int]:
+        if self.experts > 1:  # as many m blocks as the worst-case routing (reference.moe.max_padded_size)
+            return (self.n_tiles, max(1, math.ceil((m + min(self.experts, m) * (self.block_m - 1)) / self.block_m)),
+                    self.split_k)
         return (self.n_tiles, max(1, math.ceil(m / self.block_m)), self.split_k)
 
     def scratch(self, m: int) -> dict[str, Scratch]:

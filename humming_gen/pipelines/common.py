@@ -11,8 +11,8 @@ from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedS
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUTPUT, ROWS, SCRATCH, WEIGHT, GroupPlan,
-                                        KernelArg, WeightLayout)
+from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT,
+                                        GroupPlan, KernelArg, WeightLayout)
 from humming_gen.schemes import QuantScheme
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
@@ -81,17 +81,20 @@ def has_out_scale(scheme: QuantScheme) -> bool:
 
 
 def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *,
-                   quantized_activations: bool = False) -> list[str]:
+                   quantized_activations: bool = False, moe_gemms: tuple[str, ...] = ()) -> list[str]:
     """What no dense pipeline generates yet, or the target cannot run whatever the pipeline.
-    quantized_activations: the pipeline serves schemes with activation= (and checks them itself)."""
+    quantized_activations: the pipeline serves schemes with activation= (and checks them itself).
+    moe_gemms: the MoE gemm types the pipeline serves (with the router-weight multiply)."""
     reasons = []
     s = layer.scheme
-    if compute.gemm != "dense":
-        reasons.append(f"compute.gemm={compute.gemm!r}: only 'dense' kernels are generated so far")
+    if compute.gemm != "dense" and compute.gemm not in moe_gemms:
+        served = ", ".join(repr(g) for g in ("dense",) + moe_gemms)
+        reasons.append(f"compute.gemm={compute.gemm!r}: this pipeline generates {served} kernels")
     if compute.accumulate != "float32":
         reasons.append(f"compute.accumulate={compute.accumulate!r}: only 'float32' is generated so far")
-    if compute.epilogue_activation is not None or compute.topk_weight:
-        reasons.append("fused epilogue activations / top-k weights are not generated yet")
+    if compute.epilogue_activation is not None:
+        reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r}: fused gated activations are "
+                       f"not generated yet (QuantMoE applies them between its two GEMMs)")
     if s.activation is not None and not quantized_activations:
         reasons.append(f"quantized activations ({s.activation.dtype.name}): this pipeline does not generate them; "
                        f"the standard pipeline does (8-bit activations), or use a scheme with activation=None")
@@ -151,8 +154,9 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: Grou
                         dtype=layer.dtype)
 
 
-def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool) -> tuple[KernelArg, ...]:
-    """The Params fields of a dense kernel, in struct order."""
+def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
+               compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
+    """The Params fields of a dense (or, with an indexed `compute`, MoE) kernel, in struct order."""
     dtype = layer.dtype
     args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
             KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
@@ -171,8 +175,22 @@ def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool) -> tu
         args += [KernelArg("workspace", "void*", SCRATCH, "fp32 split-K partial tiles", tensor="workspace"),
                  KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
                            tensor="counters")]
-    args += [KernelArg("m", "int", ROWS, "rows of a and c"), KernelArg("lda", "int", LDA, "row stride of a, elements"),
+    moe = compute is not None and compute.gemm == "indexed"
+    if moe:
+        args += [KernelArg("sorted_ids", "const void*", ROUTING, "int32 assignment per row of the m blocks (moe_align)",
+                           tensor="sorted_ids"),
+                 KernelArg("expert_ids", "const void*", ROUTING, "int32 local expert per m block, -1 past the total",
+                           tensor="expert_ids"),
+                 KernelArg("num_tokens_post_pad", "const void*", ROUTING, "int32 used rows of sorted_ids",
+                           tensor="num_tokens_post_pad")]
+        if compute.topk_weight:
+            args.append(KernelArg("topk_weights", "const void*", ROUTING, "fp32 router weight per assignment",
+                                  tensor="topk_weights"))
+    args += [KernelArg("m", "int", ROWS, "assignments (rows of c)" if moe else "rows of a and c"),
+             KernelArg("lda", "int", LDA, "row stride of a, elements"),
              KernelArg("ldc", "int", LDC, "row stride of c, elements")]
+    if moe:
+        args.append(KernelArg("top_k", "int", TOP_K, "assignments per row of a (assignment i reads row i / top_k)"))
     return tuple(args)
 
 

@@ -345,9 +345,16 @@ def hg_scheme(**kwargs):
     return QuantScheme(**kwargs)
 
 
-@pytest.mark.parametrize("gemm", ["indexed", "grouped_contiguous", "grouped_masked"])
+@pytest.mark.parametrize("gemm", ["grouped_contiguous", "grouped_masked"])
 def test_error_unsupported_gemm(gemm: str) -> None:
     assert f"compute.gemm={gemm!r}" in _compose_error(compute=ComputeConfig(gemm=gemm))
+
+
+def test_error_indexed_gemm_needs_experts_not_split_k() -> None:
+    """'indexed' (MoE) composes on the standard pipeline (tests/cpu/test_moe_gemm.py); a dense layer's split-K
+    tuning is refused for it, naming split_k."""
+    split = TuningConfig(block_m=16, block_n=128, block_k=128, warps_m=1, warps_n=2, warps_k=2, stages=4, split_k=2)
+    assert "MoE kernels take split_k=1" in _compose_error(compute=ComputeConfig(gemm="indexed"), tuning=split)
 
 
 def test_error_unsupported_compute_options() -> None:

@@ -70,8 +70,16 @@ class StoreOutput(Component):
     # Quantized activations: their scale multiplies the output too, per token ("token": p.a_scale[m]) or one per
     # tensor ("tensor": p.a_scale[0]); "" without.
     token_scale: str = option_field("")
+    # MoE (indexed): tile row m is assignment sorted_ids[m], the row of c it writes (padding rows are skipped);
+    # topk_weight: times that assignment's router weight.
+    row_map: bool = option_field()
+    topk_weight: bool = option_field()
 
     def __attrs_post_init__(self) -> None:
+        if self.row_map and (self.fragment_store or self.token_scale):
+            raise ValueError("StoreOutput.row_map (MoE) is not combined with fragment_store or token_scale")
+        if self.topk_weight and not self.row_map:
+            raise ValueError("StoreOutput.topk_weight needs row_map (an MoE kernel)")
         if self.token_scale not in ("", "token", "tensor"):
             raise ValueError(f"StoreOutput.token_scale must be '', 'token' or 'tensor', got {self.token_scale!r}")
 
@@ -93,7 +101,10 @@ class StoreOutput(Component):
             self.token_scale] + (" + bias" if self.bias else ""))
         decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
                 "tensor": "const float a_scale = *static_cast<const float*>(p.a_scale);"}[self.token_scale]
-        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": "acc[nt][mt][2 * half + j]" + suffix,
+        value = "acc[nt][mt][2 * half + j]" + suffix
+        if self.topk_weight:
+            value = f"({value}) * weights[mt][j]"
+        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
                 "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
                 "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl}

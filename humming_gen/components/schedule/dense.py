@@ -29,6 +29,16 @@ class DenseSplitKSchedule(Component):
 
 
 @attrs.frozen
+class MoeIndexedSchedule(Component):
+    """MoE (indexed): one CTA per (n tile, routed m block); the block's expert from moe_align's expert_ids."""
+
+    template: ClassVar[str] = "schedule/moe_indexed.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "tile_coord"})
+    needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+
+
+@attrs.frozen
 class PersistentSchedule(Component):
     """A persistent grid walking (tile, k slice) units, n tiles fastest."""
 

@@ -27,7 +27,8 @@ class Standard:
         if layer.scheme.activation is not None:
             return (common_reasons(layer, compute, target, quantized_activations=True)
                     + _compose_a8.scheme_reasons(layer) + lacking(target, needs, "standard pipeline"))
-        return common_reasons(layer, compute, target) + lacking(target, needs, "standard pipeline")
+        return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS)
+                + lacking(target, needs, "standard pipeline"))
 
 
 STANDARD = Standard()

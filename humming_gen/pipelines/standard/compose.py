@@ -15,19 +15,20 @@ from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
+from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule, MoeIndexedSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
                                           group_constants, group_offset_constants, group_plan, has_out_scale,
                                           kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
-                                          split_k_reasons, weight_layout)
+                                          offset_constant, split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard import compose_a8
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout, BLayout8
 from humming_gen.targets import Target
 
+MOE_GEMMS = ("indexed",)  # the MoE gemm types this pipeline generates (16-bit activations)
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
 
@@ -125,7 +126,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                   common_reasons(layer, compute, target, quantized_activations=True)
                                   + shared_reasons(smem, t, target), b_layout_of(layer, t), smem.total, smem.stage,
                                   smem.a)
-    reasons = common_reasons(layer, compute, target) + tuning_reasons(t)
+    reasons = common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + tuning_reasons(t)
+    moe = compute.gemm == "indexed"
+    if moe and t.split_k > 1:
+        reasons.append(f"tuning.split_k={t.split_k}: MoE kernels take split_k=1 (their m blocks fill the GPU)")
+    if not moe and layer.num_experts > 1:
+        reasons.append(f"layer.num_experts={layer.num_experts}: an MoE layer needs compute.gemm='indexed'")
     dtype = layer.dtype
     warp_n, warp_k = t.block_n // t.warps_n, t.block_k // t.warps_k
     warp_m = t.block_m // t.warps_m
@@ -149,7 +155,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     hoist = bool(group and not group.arbitrary and group.group_size % warp_k == 0)
     slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
     numeric, apply, convert_in_extract = dequant_chain(layer, group, warp_m // 8, slice_scale)
-    memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8),
+    memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=moe),
                                BChunkShared(bits=s.weight.bits),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:
@@ -161,21 +167,30 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                      pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
                                      arbitrary_groups=group.arbitrary, odd_group_size=odd)]
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
-    schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
+    schedule: list[Component] = [MoeIndexedSchedule() if moe else
+                                 DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:
         epilogue.append(WarpKReduce(warps_k=t.warps_k))
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
     out_scale = has_out_scale(s)
-    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias))
+    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias,
+                                row_map=moe, topk_weight=compute.topk_weight))
+    # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
+    expert_group_bytes = (group.rows if group else 0) * n_pad * 2
+    expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes, "b_zero": expert_group_bytes,
+                    "out_scale": n_pad * 4, "bias": layer.n * 2}
+    expert_tensors = tuple((a.name, f"kExpert{offset_constant(a.name)}Bytes") for a in dense_args(layer, group, False)
+                           if moe and a.name in expert_bytes)
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target)
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 convert_in_extract=convert_in_extract,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
-                                pdl=pdl, arbitrary_groups=bool(group and group.arbitrary))
+                                pdl=pdl, arbitrary_groups=bool(group and group.arbitrary),
+                                expert_tensors=expert_tensors)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -203,13 +218,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
          "16-byte chunks per n block of the packed weight"),
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
+    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in expert_tensors]
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)
 
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
-                      components=components, constants=tuple(constants), args=dense_args(layer, group, t.split_k > 1),
+                      components=components, constants=tuple(constants), args=dense_args(layer, group, t.split_k > 1, compute),
                       layout=weight_layout(layer, b_layout, n_pad, group), group=group, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
-                                         split_k=t.split_k))
+                                         split_k=t.split_k, experts=layer.num_experts if moe else 1))
 

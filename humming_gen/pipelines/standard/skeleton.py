@@ -26,6 +26,12 @@ class StandardPipeline(Component):
     min_blocks: int
     pdl: bool
     arbitrary_groups: bool = option_field()  # group size not a multiple of 16: a register finds its group row
+    # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor
+    expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_tensors)
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -44,12 +50,17 @@ class StandardPipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
         needs |= {"split_k_reduce"} if self.split_k else set()
+        needs |= {"kAChunksPerThread", "gather_rows"} if self.moe else set()
         return frozenset(needs)
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"for_expert"} if self.moe else set())
 
     def extra_context(self) -> dict:
         # with arbitrary groups a step's two k halves have their own group parameters, [0] and [1]
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params},
-                "param_half": "[r / 2]" if self.arbitrary_groups else ""}
+                "param_half": "[r / 2]" if self.arbitrary_groups else "", "moe": self.moe}
 
 
 @attrs.frozen
@@ -66,8 +77,9 @@ class WarpKReduce(Component):
 @attrs.frozen
 class StandardA8Pipeline(Component):
     """The standard skeleton for 8-bit activations: 8-bit weight codes and activation codes go to mma.sync
-    m16n8k32 as loaded (no dequantization); each warp's stage slice accumulates into partial sums that are promoted
-    into fp32 accumulators once per stage, times the slice's group scales where the scheme has them."""
+    m16n8k32 as loaded (weights of at most 4 bits are widened to bytes in registers, two tiles per load); each
+    warp's stage slice accumulates into partial sums that are promoted into fp32 accumulators every kPromoteK
+    (the slice, or the scale group where it is shorter), times the group scales where the scheme has them."""
 
     template: ClassVar[str] = "pipelines/standard/skeleton_a8.cuh.j2"
     family: ClassVar[str] = "pipeline"
@@ -82,6 +94,7 @@ class StandardA8Pipeline(Component):
     split_k: bool
     min_blocks: int
     pdl: bool
+    nibbles: bool = option_field()  # weights of at most 4 bits: load_b_tile_pair widens a tile pair's nibbles
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -90,8 +103,8 @@ class StandardA8Pipeline(Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = {"Params", "TileCoord", "tile_coord", "u32x4", "kBTileChunks", "kBWarpSliceWords", "load_b_stage",
-                 "load_a_stage", "load_a_fragments", "load_b_tile", "mma_m16n8k32", "cp_async_commit",
-                 "cp_async_wait", "store_output"}
+                 "load_a_stage", "load_a_fragments", "load_b_tile_pair" if self.nibbles else "load_b_tile",
+                 "mma_m16n8k32", "cp_async_commit", "cp_async_wait", "store_output"}
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
@@ -104,4 +117,4 @@ class StandardA8Pipeline(Component):
                    + (" * a_scale[mt][i % 2]" if self.activation_groups else ""))
         partial = "static_cast<float>(acc_slice[nt][mt][i])" if self.integer else "acc_slice[nt][mt][i]"
         return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
-                "group_scales": self.weight_groups or self.activation_groups}
+                "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles}

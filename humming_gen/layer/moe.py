@@ -1,0 +1,197 @@
+"""QuantMoE: a Mixture-of-Experts layer of quantized experts, run as moe_align + two indexed GEMMs.
+
+x (M, H) -> for each token's top-k experts e: act(x @ w13[e]^T + b13[e]) @ w2[e]^T + b2[e], times the router
+weight, summed over the k slots. GEMM1 reads the token rows through the routing and writes one row per assignment;
+the gated activation runs on those rows; GEMM2 reads them through the same routing, multiplies by the router
+weight in its epilogue, and the k rows of a token are summed (in fp32, in slot order: deterministic).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.layer.weights import PreparedWeight
+from humming_gen.schemes import QuantizedWeight, QuantScheme
+from humming_gen.targets import Target
+
+_DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def expert_weight(qw: QuantizedWeight, e: int) -> QuantizedWeight:
+    """Expert e of an (E, N, K) QuantizedWeight, as a dense one."""
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or t.dim() == 0 or t.shape[0] != qw.num_experts:
+            return t  # shared by every expert (a scalar global scale)
+        return t[e]
+
+    if qw.k_perm is not None:
+        raise ValueError("MoE weights with an act-order permutation (k_perm) are not served: the kernels read one "
+                         "activation row for every expert; convert the checkpoint without act-order")
+    return QuantizedWeight(scheme=qw.scheme, codes=qw.codes[e], scales=qw.scales[e], zero_points=pick(qw.zero_points),
+                           global_scale=pick(qw.global_scale), channel_scale=pick(qw.channel_scale))
+
+
+def prepare_moe_weight(plan, qw: QuantizedWeight, device: torch.device | str) -> PreparedWeight:
+    """Every expert packed for `plan`'s layout and stacked on a leading expert dimension, so expert e's tensors lie
+    e x (one expert's bytes) from the start (the kernel's kExpert*Bytes constants)."""
+    from humming_gen.layer.weights import prepare_weight
+
+    parts = [prepare_weight(plan, expert_weight(qw, e), device) for e in range(qw.num_experts)]
+
+    def stack(name: str) -> torch.Tensor | None:
+        tensors = [getattr(p, name) for p in parts]
+        return None if tensors[0] is None else torch.stack(tensors).contiguous()
+
+    return PreparedWeight(layout_key=parts[0].layout_key, b=stack("b"), b_scale=stack("b_scale"),
+                          b_zero=stack("b_zero"), out_scale=stack("out_scale"), k_perm=None)
+
+
+class QuantMoE(torch.nn.Module):
+    """A quantized MoE layer: w13 (E, 2I, H) gate/up rows as `gate_up_layout` stores them ("split": [gate; up],
+    vLLM's order; "interleaved": gpt-oss; "up_first"), w2 (E, H, I). Build with `from_float` or `from_quantized`;
+    call with (x, topk_weights, topk_ids, expert_map=None).
+
+    Kernels: the standard pipeline's indexed GEMMs, one pair per bucket of rows per expert (M * top_k / E), all
+    compiled at construction; no host synchronisation in forward (routing counts stay on the GPU)."""
+
+    def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
+                 gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
+                 device: "torch.device | str | None" = None, compiler: str | None = None,
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
+        super().__init__()
+        from humming_gen.codegen import compose
+        from humming_gen.heuristics import choose_tunings
+        from humming_gen.kernel import _resolve_target, build_many
+        from humming_gen.reference.moe import ACTIVATIONS, GATE_UP_LAYOUTS
+
+        for name, q in (("q13", q13), ("q2", q2)):
+            if not isinstance(q, QuantizedWeight) or q.codes.dim() != 3:
+                raise ValueError(f"{name} must be an (E, N, K) QuantizedWeight, got "
+                                 f"{getattr(getattr(q, 'codes', None), 'shape', type(q).__name__)}")
+            if q.scheme.activation is not None:
+                raise ValueError(f"{name}: MoE kernels with quantized activations are not generated yet; quantize "
+                                 f"with a scheme whose activation is None")
+        if dtype not in _DTYPE_NAME:
+            raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r}; allowed: {ACTIVATIONS}")
+        if gate_up_layout not in GATE_UP_LAYOUTS:
+            raise ValueError(f"gate_up_layout={gate_up_layout!r}; allowed: {GATE_UP_LAYOUTS}")
+        num_experts, two_i, hidden = q13.shape
+        if q13.n % 2 or q2.shape != (num_experts, hidden, two_i // 2):
+            raise ValueError(f"w13 must be (E, 2I, H) and w2 (E, H, I): got {q13.shape} and {q2.shape}")
+        if hidden % 8 or (two_i // 2) % 8:
+            raise ValueError(f"hidden ({hidden}) and intermediate ({two_i // 2}) sizes must be multiples of 8 (rows "
+                             f"the kernels read in 16-byte pieces)")
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, two_i // 2
+        self.activation, self.gate_up_layout = activation, gate_up_layout
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.dtype = dtype
+        self.target = _resolve_target(target)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        biases = {}
+        for name, bias, n in (("bias13", bias13, two_i), ("bias2", bias2, hidden)):
+            if bias is not None:
+                if tuple(bias.shape) != (num_experts, n):
+                    raise ValueError(f"{name} must have shape ({num_experts}, {n}), got {tuple(bias.shape)}")
+                biases[name] = bias.detach().to(self.device, dtype).contiguous()
+        self.bias13, self.bias2 = biases.get("bias13"), biases.get("bias2")
+
+        layers = [LayerConfig(n=q.n, k=q.k, scheme=q.scheme, num_experts=num_experts, has_bias=b is not None,
+                              dtype=_DTYPE_NAME[dtype]) for q, b in ((q13, self.bias13), (q2, self.bias2))]
+        computes = [ComputeConfig(gemm="indexed"), ComputeConfig(gemm="indexed", topk_weight=True)]
+        # buckets of expected rows per expert; every bucket of a GEMM shares its weight layout (one packed copy)
+        plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
+        self.buckets = [m for m, _ in plans[0].buckets]
+        composed = [[compose(layer, compute, attrs.evolve(t, split_k=1), self.target) for _, t in plan.buckets]
+                    for layer, compute, plan in zip(layers, computes, plans)]
+        kernels = build_many(composed[0] + composed[1], compiler=compiler)
+        k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):]
+        self.w13 = prepare_moe_weight(composed[0][0], q13, self.device)
+        self.w2 = prepare_moe_weight(composed[1][0], q2, self.device)
+        self._kernels = list(zip(k13, k2))
+        self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
+                            b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
+
+    # --- constructors ------------------------------------------------------------------------
+    @classmethod
+    def from_float(cls, w13: torch.Tensor, w2: torch.Tensor, scheme: "QuantScheme | str", **kwargs) -> "QuantMoE":
+        """Quantize float w13 (E, 2I, H) and w2 (E, H, I) with `scheme` (a QuantScheme or preset name)."""
+        if isinstance(scheme, str):
+            from humming_gen.schemes.presets import preset
+
+            scheme = preset(scheme)
+        for name, w in (("w13", w13), ("w2", w2)):
+            if not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.is_floating_point():
+                raise ValueError(f"{name} must be a float (E, N, K) tensor, got "
+                                 f"{getattr(w, 'shape', type(w).__name__)}")
+        return cls(scheme.quantize(w13.detach()), scheme.quantize(w2.detach()), **kwargs)
+
+    @classmethod
+    def from_quantized(cls, q13: QuantizedWeight, q2: QuantizedWeight, **kwargs) -> "QuantMoE":
+        """From (E, N, K) QuantizedWeights (QuantScheme.quantize, humming_gen.convert or load_layer)."""
+        return cls(q13, q2, **kwargs)
+
+    # --- run -------------------------------------------------------------------------------------
+    def bucket_for(self, m: int, top_k: int) -> int:
+        """Index of the bucket that serves M tokens of top_k assignments (by rows per expert)."""
+        rows = -(-m * top_k // self.num_experts)
+        for i, m_max in enumerate(self.buckets):
+            if m_max is None or rows <= m_max:
+                return i
+        raise AssertionError("the last bucket is open-ended")
+
+    def block_m(self, m: int, top_k: int) -> int:
+        """The token tile moe_align must pad each expert's rows to for this batch."""
+        return self._kernels[self.bucket_for(m, top_k)][0].plan.tuning.block_m
+
+    def _check(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be (M, {self.hidden}), got {getattr(x, 'shape', type(x).__name__)}")
+        if x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(f"x is {x.dtype} on {x.device}; this layer was built for {self.dtype} on {self.device}")
+        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            raise ValueError(f"x must have unit column stride and 16-byte aligned rows (strides {x.stride()}); "
+                             f"call .contiguous() first")
+        if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+            raise ValueError(f"topk_ids must be (M, top_k) with M = {x.shape[0]}, got "
+                             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}")
+        if not isinstance(topk_weights, torch.Tensor) or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got "
+                             f"{getattr(topk_weights, 'shape', type(topk_weights).__name__)}")
+        if not topk_weights.is_floating_point():
+            raise ValueError(f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}; the layer is on {self.device}")
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                expert_map: torch.Tensor | None = None) -> torch.Tensor:
+        from humming_gen.moe import moe_align
+        from humming_gen.reference.moe import gated_activation
+
+        self._check(x, topk_weights, topk_ids)
+        m, top_k = topk_ids.shape
+        if m == 0:
+            return torch.empty(0, self.hidden, dtype=self.dtype, device=self.device)
+        bucket = self.bucket_for(m, top_k)
+        gemm1, gemm2 = self._launchers[bucket]
+        routing = moe_align(topk_ids.contiguous(), self.num_experts, gemm1.kernel.plan.tuning.block_m, expert_map)
+        h = torch.empty(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
+        gemm1.moe(x, h, routing, top_k)
+        # rows of skipped assignments hold garbage: GEMM2 reads only the routed rows
+        act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
+                               self.swiglu_limit).to(self.dtype)
+        y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
+        gemm2.moe(act, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1))
+        return torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+                f"activation={self.activation}, gate_up_layout={self.gate_up_layout}, dtype={self.dtype}, "
+                f"target={self.target.name}, buckets={self.buckets}")

@@ -1,0 +1,124 @@
+"""MoE (indexed) GEMMs of the standard pipeline on the CPU: what compose accepts and refuses, the generated
+source (routing gather, expert rebasing, row-mapped store), compilation for every target without spills, and
+the stacked expert weights QuantMoE prepares."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.codegen import ComposeError, compose
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.kernel import build_many
+from humming_gen.layer.moe import QuantMoE, expert_weight, prepare_moe_weight
+from humming_gen.targets import get_target
+
+INDEXED = ComputeConfig(gemm="indexed")
+WEIGHTED = ComputeConfig(gemm="indexed", topk_weight=True)
+SCHEMES = {"int4-g128": "w4a16-int4-g128", "uint4-g128-zp": "w4a16-int4-g128-zp", "int8-channel": "w8a16-int8-channel",
+           "mxfp4": "w4a16-mxfp4"}
+
+
+def _plans(scheme: str, target: str, compute: ComputeConfig = WEIGHTED, bias: bool = True):
+    layer = LayerConfig(n=1024, k=2048, scheme=SCHEMES[scheme], num_experts=8, has_bias=bias)
+    tgt = get_target(target)
+    return [compose(layer, compute, attrs.evolve(t, split_k=1), tgt)
+            for _, t in choose_tunings(layer, tgt, pipeline="standard").buckets]
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90a", "sm_120a"])
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_moe_kernels_compile_without_spills(scheme: str, target: str) -> None:
+    for kernel in build_many(_plans(scheme, target)):
+        r = kernel.compiled.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+
+
+def test_moe_source_gathers_rebases_and_maps_rows() -> None:
+    plan = _plans("uint4-g128-zp", "sm_90a")[0]
+    src = hg.kernel.generate(plan, "nvrtc")
+    assert "gather_rows(a_rows, p, tc.m0)" in src and "if (tc.expert < 0) return;" in src
+    for field in ("b", "b_scale", "b_zero", "bias"):
+        assert f"p.{field} = static_cast<const char*>(p.{field}) + static_cast<long long>(expert) * cfg::" in src
+    assert "rows[mt][j] = sorted_ids[m_base" in src and "p.topk_weights" in src
+    # the wait for the routing comes before the schedule reads it (PDL), and only once
+    body = src[src.index("(const Params routed)"):]
+    assert body.index("wait_for_previous_grid()") < body.index("tile_coord(routed)")
+    assert src.count("wait_for_previous_grid();") == 1
+    names = [a.name for a in plan.args]
+    assert names[-5:] == ["topk_weights", "m", "lda", "ldc", "top_k"][-5:]
+    assert plan.grid(100)[1] == -(-(100 + 8 * (plan.tuning.block_m - 1)) // plan.tuning.block_m)
+    unweighted = hg.kernel.generate(_plans("uint4-g128-zp", "sm_90a", INDEXED, bias=False)[0], "nvrtc")
+    assert "topk_weights" not in unweighted and "kExpertBiasBytes" not in unweighted
+
+
+def test_dense_sources_have_no_moe_trace() -> None:
+    layer = LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128")
+    tgt = get_target("sm_90a")
+    src = hg.kernel.generate(compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(1), tgt), "nvrtc")
+    code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("//"))
+    for word in ("sorted_ids", "expert", "gather_rows", "routed"):
+        assert word not in code, word
+
+
+def test_compose_refuses_what_moe_kernels_do_not_do() -> None:
+    tgt = get_target("sm_90a")
+    moe_layer = LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128", num_experts=8)
+    tuning = choose_tunings(moe_layer, tgt, pipeline="standard").for_m(1)
+    assert tuning.split_k > 1
+    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
+        compose(moe_layer, INDEXED, tuning, tgt)
+    with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
+        compose(moe_layer, ComputeConfig(), attrs.evolve(tuning, split_k=1), tgt)
+    with pytest.raises(ComposeError, match="grouped_masked"):
+        compose(moe_layer, ComputeConfig(gemm="grouped_masked"), attrs.evolve(tuning, split_k=1), tgt)
+    ws = choose_tunings(LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128"), tgt).for_m(1024)
+    assert ws.pipeline == "warp_specialized"
+    with pytest.raises(ComposeError, match="generates 'dense' kernels"):
+        compose(moe_layer, INDEXED, ws, tgt)
+
+
+def test_prepared_experts_are_stacked_per_expert() -> None:
+    torch.manual_seed(0)
+    scheme = hg.QuantScheme("uint4", group_size=128, zero_point="int")
+    q = scheme.quantize(torch.randn(4, 256, 512) * 0.05)
+    plan = _plans("uint4-g128-zp", "sm_90a", INDEXED, bias=False)[0]
+    plan = compose(attrs.evolve(plan.layer, n=256, k=512, num_experts=4), INDEXED, plan.tuning, plan.target)
+    stacked = prepare_moe_weight(plan, q, "cpu")
+    consts = dict((name, value) for name, value, _ in plan.constants)
+    for e in range(4):
+        one = hg.layer.weights.prepare_weight(plan, expert_weight(q, e), "cpu")
+        assert torch.equal(stacked.b[e], one.b) and torch.equal(stacked.b_scale[e], one.b_scale)
+        assert torch.equal(stacked.b_zero[e], one.b_zero)
+    # the kernel's per-expert byte strides are the stacked tensors' strides
+    assert consts["kExpertBBytes"] == stacked.b[0].numel() * stacked.b.element_size()
+    assert consts["kExpertBScaleBytes"] == stacked.b_scale[0].numel() * stacked.b_scale.element_size()
+    assert consts["kExpertBZeroBytes"] == stacked.b_zero[0].numel() * stacked.b_zero.element_size()
+
+
+def test_quant_moe_builds_on_the_cpu_and_refuses_bad_input() -> None:
+    torch.manual_seed(1)
+    w13, w2 = torch.randn(4, 2 * 128, 256) * 0.05, torch.randn(4, 256, 128) * 0.05
+    moe = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu",
+                              bias13=torch.randn(4, 256), bias2=torch.randn(4, 256))
+    assert moe.w13.b.shape[0] == 4 and moe.bias13.shape == (4, 256)
+    assert moe.block_m(1, 8) == 8 and moe.block_m(4096, 8) >= 64  # rows per expert choose the bucket
+    x = torch.randn(3, 256).bfloat16()
+    ids = torch.randint(0, 4, (3, 2))
+    with pytest.raises(ValueError, match="topk_weights must have topk_ids' shape"):
+        moe(x, torch.rand(3, 1), ids)
+    with pytest.raises(ValueError, match=r"x must be \(M, 256\)"):
+        moe(x[:, :128], torch.rand(3, 2), ids)
+    q13 = hg.scheme("w4a16-int4-g128").quantize(w13)
+    with pytest.raises(ValueError, match="act-order"):
+        expert_weight(hg.QuantizedWeight(scheme=q13.scheme, codes=q13.codes, scales=q13.scales,
+                                         k_perm=torch.arange(256)), 0)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        QuantMoE.from_float(torch.randn(2, 2 * 12, 256), torch.randn(2, 256, 12), "w4a16-int4-g128",
+                            target="sm_90a", device="cpu")
+    launcher = moe._launchers[0][0]
+    with pytest.raises(ValueError, match="MoE kernel: launch it with Launcher.moe"):
+        launcher(x, torch.empty(3, 256, dtype=torch.bfloat16))

@@ -1,0 +1,153 @@
+"""QuantMoE and its indexed GEMMs on the GPU against float64 references from the dequantized experts.
+
+Outputs are poisoned (NaN) before launch where the test owns them: a GEMM must write exactly the routed assignment
+rows. Tolerances are relative Frobenius errors: bf16 activations, and QuantMoE rounds GEMM1's output and the
+gated activation to bf16 / fp16 before GEMM2, as every bf16 MoE does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.reference.moe import local_experts, reference_fused_moe
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 8e-3}
+SCHEMES = {
+    "int4-g128": dict(weight="int4", group_size=128),
+    "uint4-g64-zp": dict(weight="uint4", group_size=64, zero_point="int"),
+    "int8-channel": dict(weight="int8"),
+    "mxfp4": dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
+    "fp8-channel": dict(weight="float8e4m3", scale_dtype="float32"),
+}
+# (id, scheme, dtype, experts, hidden, intermediate, top_k, activation, gate_up_layout, biases)
+CASES = [
+    ("int4-e8-silu", "int4-g128", torch.bfloat16, 8, 512, 256, 2, "silu_mul", "split", False),
+    ("uint4zp-e16-gelu-upfirst-bias", "uint4-g64-zp", torch.bfloat16, 16, 256, 384, 4, "gelu_mul", "up_first", True),
+    ("int8-e4-silu-fp16", "int8-channel", torch.float16, 4, 512, 128, 1, "silu_mul", "split", True),
+    ("mxfp4-e32-swiglu-interleaved-bias", "mxfp4", torch.bfloat16, 32, 256, 256, 4, "swiglu_oai", "interleaved", True),
+    ("fp8-e64-silu", "fp8-channel", torch.bfloat16, 64, 384, 128, 8, "silu_mul", "split", False),
+]
+
+
+def _layer(case, seed=0):
+    cid, scheme, dtype, e, h, i, top_k, act, layout, biases = case
+    torch.manual_seed(seed)
+    s = hg.QuantScheme(**SCHEMES[scheme])
+    q13 = s.quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.05)
+    q2 = s.quantize(torch.randn(e, h, i, device="cuda") * 0.05)
+    b13 = (torch.randn(e, 2 * i, device="cuda") * 0.1).to(dtype) if biases else None
+    b2 = (torch.randn(e, h, device="cuda") * 0.1).to(dtype) if biases else None
+    moe = hg.QuantMoE.from_quantized(q13, q2, activation=act, gate_up_layout=layout, bias13=b13, bias2=b2,
+                                     dtype=dtype)
+    return moe, q13, q2, b13, b2
+
+
+def _routing(m, e, top_k, drop=0.0):
+    logits = torch.randn(m, e, device="cuda")
+    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
+    if drop:
+        ids = torch.where(torch.rand(m, top_k, device="cuda") < drop, torch.full_like(ids, -1), ids)
+    return weights, ids.to(torch.int32)
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_quant_moe_matches_reference(case):
+    moe, q13, q2, b13, b2 = _layer(case)
+    dtype, top_k = case[2], case[6]
+    w13, w2 = q13.dequantize().double(), q2.dequantize().double()
+    errors = {}
+    for m in (1, 7, 64, 300):
+        x = (torch.randn(m, moe.hidden, device="cuda")).to(dtype)
+        weights, ids = _routing(m, moe.num_experts, top_k, drop=0.1 if m > 1 else 0.0)
+        out = moe(x, weights, ids)
+        ref = reference_fused_moe(x.double(), w13, w2, weights.double(), ids, activation=moe.activation,
+                                  gate_up_layout=moe.gate_up_layout, bias13=None if b13 is None else b13.double(),
+                                  bias2=None if b2 is None else b2.double())
+        assert out.shape == (m, moe.hidden) and torch.isfinite(out).all(), f"m={m}: non-finite output"
+        errors[m] = _rel(out, ref)
+    bad = {m: err for m, err in errors.items() if not err < TOLERANCE[dtype]}
+    assert not bad, f"{case[0]}: relative error above {TOLERANCE[dtype]} at {bad} (all {errors})"
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_indexed_gemm_writes_exactly_the_routed_rows(case):
+    """GEMM1 alone, into a NaN-poisoned output: every routed assignment row i holds x[i // top_k] @ W_e^T (+ b_e)
+    of its expert e; rows of dropped assignments stay untouched."""
+    moe, q13, _, b13, _ = _layer(case, seed=3)
+    dtype, top_k = case[2], case[6]
+    m = 333
+    x = torch.randn(m, moe.hidden, device="cuda").to(dtype)
+    _, ids = _routing(m, moe.num_experts, top_k, drop=0.2)
+    gemm1 = moe._launchers[moe.bucket_for(m, top_k)][0]
+    routing = hg.moe_align(ids, moe.num_experts, gemm1.kernel.plan.tuning.block_m)
+    h = torch.full((m * top_k, 2 * moe.intermediate), float("nan"), dtype=dtype, device="cuda")
+    gemm1.moe(x, h, routing, top_k)
+    expert = local_experts(ids, moe.num_experts).reshape(-1)
+    routed = expert >= 0
+    w13 = q13.dequantize().double()
+    ref = torch.einsum("ak,ank->an", x.double()[torch.arange(m * top_k, device="cuda") // top_k][routed],
+                       w13[expert[routed]])
+    if b13 is not None:
+        ref = ref + b13.double()[expert[routed]]
+    assert torch.isfinite(h[routed]).all(), "a routed row was not written"
+    assert torch.isnan(h[~routed]).all(), "a dropped assignment's row was written"
+    assert _rel(h[routed], ref) < TOLERANCE[dtype]
+
+
+def test_expert_map_and_all_dropped_tokens():
+    """Expert parallelism: ids are global, expert_map sends other ranks' experts to -1; a token whose slots are all
+    elsewhere gets a zero row."""
+    case = CASES[0]
+    moe, q13, q2, _, _ = _layer(case, seed=5)
+    e = moe.num_experts
+    global_experts = 2 * e
+    expert_map = torch.full((global_experts,), -1, dtype=torch.int32, device="cuda")
+    expert_map[e:] = torch.arange(e, dtype=torch.int32, device="cuda")  # this rank holds the upper half
+    m, top_k = 50, 2
+    x = torch.randn(m, moe.hidden, device="cuda").bfloat16()
+    weights = torch.rand(m, top_k, device="cuda")
+    ids = torch.randint(0, global_experts, (m, top_k), device="cuda", dtype=torch.int32)
+    ids[0] = torch.tensor([0, 1], device="cuda")  # both slots on another rank
+    out = moe(x, weights, ids, expert_map=expert_map)
+    ref = reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(), weights.double(), ids,
+                              expert_map=expert_map)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert _rel(out, ref) < TOLERANCE[torch.bfloat16]
+
+
+def test_cuda_graph_replay_with_new_routing_and_no_host_sync():
+    case = CASES[0]
+    moe, q13, q2, _, _ = _layer(case, seed=7)
+    m, top_k = 40, case[6]
+    x = torch.randn(m, moe.hidden, device="cuda").bfloat16()
+    weights, ids = _routing(m, moe.num_experts, top_k)
+    moe(x, weights, ids)  # warm up (kernels load, moe_align compiles)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe(x, weights, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe(x, weights, ids)
+        with torch.cuda.graph(graph, stream=stream):
+            out = moe(x, weights, ids)
+    torch.cuda.current_stream().wait_stream(stream)
+    new_weights, new_ids = _routing(m, moe.num_experts, top_k)
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(), weights.double(), ids)
+    assert _rel(out, ref) < TOLERANCE[torch.bfloat16]
