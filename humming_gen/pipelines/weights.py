@@ -10,7 +10,8 @@ from humming_gen.components.numeric.halfbits import TORCH_DTYPE
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
-from humming_gen.schemes.packing import BLayout8, pack_codes, pack_codes8, pad_to, permute_group_rows
+from humming_gen.schemes.packing import (BLayout8, BLayoutNibble8, pack_codes, pack_codes8, pack_nibbles8, pad_to,
+                                         permute_group_rows)
 
 
 def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
@@ -49,6 +50,8 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
     codes = pad_to(codes.to(torch.uint8), {0: lay.n_pad, 1: lay.k_pad})
     if isinstance(lay.b_layout, BLayout8):
         return _prepare_weight8(lay, qw, codes, device)
+    if isinstance(lay.b_layout, BLayoutNibble8):
+        return _prepare_weight_nibbles(lay, qw, codes, device)
     dt = TORCH_DTYPE[layer.dtype]
     b = pack_codes(codes, lay.b_layout).contiguous()
 
@@ -104,10 +107,13 @@ def _out_scale(lay, qw: QuantizedWeight, scales: torch.Tensor, extra: torch.Tens
     return out_scale
 
 
-def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torch.device | str) -> PreparedWeight:
+def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torch.device | str,
+                     code_scale: float = 1.0) -> PreparedWeight:
     """8-bit codes as they are (the mma multiplies them) in BLayout8; group / block scales as fp32 [group][n_pad]
-    (read per warp k slice when partial sums are promoted), the rest folded into the fp32 out_scale."""
-    scales = qw.scales.to(device, torch.float32)
+    (read per warp k slice when partial sums are promoted), the rest folded into the fp32 out_scale. `code_scale`:
+    what the mma operand is multiplied by to give the code's value (1/16 for nibbles widened to int8), folded into
+    whichever scale the kernel reads (a power of two, so exact)."""
+    scales = qw.scales.to(device, torch.float32) * code_scale
     extra = None if qw.channel_scale is None else qw.channel_scale.to(device, torch.float32)
     b_scale = None
     if lay.group_size is not None:
@@ -115,6 +121,21 @@ def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torc
         if extra is not None and not lay.out_scale:
             sc = sc * extra[None, :]
         b_scale = pad_to(sc, {1: lay.n_pad}).contiguous()
-    return PreparedWeight(layout_key=lay, b=pack_codes8(codes, lay.b_layout).contiguous(), b_scale=b_scale,
-                          b_zero=None, out_scale=_out_scale(lay, qw, scales, extra, device),
-                          k_perm=_k_perm(qw, device))
+    b = (pack_codes8(codes, lay.b_layout) if isinstance(lay.b_layout, BLayout8)
+         else pack_nibbles8(codes, lay.b_layout))
+    return PreparedWeight(layout_key=lay, b=b.contiguous(), b_scale=b_scale, b_zero=None,
+                          out_scale=_out_scale(lay, qw, scales, extra, device), k_perm=_k_perm(qw, device))
+
+
+def _prepare_weight_nibbles(lay, qw: QuantizedWeight, codes: torch.Tensor,
+                            device: torch.device | str) -> PreparedWeight:
+    """Codes of at most 4 bits as nibbles in BLayoutNibble8. Order "int8": signed codes sign-extended to 4 bits
+    (the register holds 16 x the code: scales times 1/16); order "e4m3": the codes as they are (a table gives their
+    e4m3 value). Scales as for 8-bit codes."""
+    bits = qw.scheme.weight.bits
+    code_scale = 1.0
+    if lay.b_layout.order == "int8":
+        sign = (codes >> (bits - 1)) & 1
+        codes = codes | (sign * (0xF ^ ((1 << bits) - 1))).to(torch.uint8)
+        code_scale = 1.0 / 16
+    return _prepare_weight8(lay, qw, codes, device, code_scale)

@@ -14,6 +14,9 @@ Group parameters (scales, zero points) are stored [group][n] with rows permuted 
 Kernels whose activations are quantized to 8 bits multiply the 8-bit weight codes directly (mma m16n8k32):
 `BLayout8` stores them [n block][k slice of warp_k][warp n][tile][lane][16 bytes], tiles of 16 n x 32 k
 enumerated k-step-major, so one 16-byte load gives a lane the four A registers of one tile, ready to use.
+Weights of at most 4 bits with 8-bit activations (`BLayoutNibble8`) store each code as a nibble and widen it to a
+byte in registers: [n block][k slice][warp n][tile pair][lane][4 words], word 2j + q holding registers 2q (X) and
+2q + 1 (Y) of tile 2 * pair + j, so one 16-byte load per lane gives two tiles (nibble_bit_positions).
 """
 
 from __future__ import annotations
@@ -262,3 +265,115 @@ def unpack_codes8(packed: torch.Tensor, layout: BLayout8, n_pad: int, k_pad: int
     n_idx, k_idx = (i.to(packed.device) for i in _byte_index(layout))
     codes[:, :, :, n_idx, k_idx] = frag
     return codes.permute(0, 2, 3, 1, 4).reshape(n_pad, k_pad)
+
+
+# How a 32-bit word of BLayoutNibble8 holds the eight codes of its two A registers X (2q) and Y (2q + 1).
+#   "int8": byte b = (X code b << 4) | Y code b, so `w & 0xF0F0F0F0` and `(w << 4) & 0xF0F0F0F0` are the registers
+#           with each signed code in its byte's high nibble (16 x the code as int8).
+#   "e4m3": the low 3 bits of X code b at nibble b (bits 0-15: a prmt selector), of Y code b at nibble 4 + b, the top
+#           bits of X codes at bits 7, 15, 23, 31 (each byte's sign position) and of Y codes at 3, 11, 19, 27 (the
+#           same after `w << 4`), so a byte-table lookup plus the top bit gives e4m3 codes.
+NIBBLE_ORDERS = ("int8", "e4m3")
+
+
+def nibble_bit_positions(order: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Bit of the word holding bit i of code b of register X / Y: positions[xy][b][i]."""
+    if order == "int8":
+        return tuple(tuple(tuple(8 * b + 4 * (1 - xy) + i for i in range(4)) for b in range(4)) for xy in range(2))
+    if order == "e4m3":
+        return tuple(tuple(tuple(16 * xy + 4 * b + i for i in range(3)) + (8 * b + 7 - 4 * xy,) for b in range(4))
+                     for xy in range(2))
+    raise ValueError(f"nibble order must be one of {NIBBLE_ORDERS}, got {order!r}")
+
+
+@attrs.frozen
+class BLayoutNibble8:
+    """The weight geometry of kernels with 8-bit activations and weights of at most 4 bits: codes as nibbles, two
+    m16n8k32 tiles per 16-byte load (module docstring); `order` says how a word's nibbles become its two registers.
+    Same block_n / warps_n / warp_k roles as BLayout."""
+
+    block_n: int
+    warps_n: int
+    warp_k: int
+    order: str
+
+    bits = 4
+    tile_k = 32
+
+    @property
+    def warp_n(self) -> int:
+        return self.block_n // self.warps_n
+
+    @property
+    def tiles_per_warp(self) -> int:
+        return (self.warp_n // MMA_M) * (self.warp_k // self.tile_k)
+
+    def stage_bytes(self, warps_k: int) -> int:
+        """Bytes of one (block_n x warps_k * warp_k) stage."""
+        return self.block_n * self.warp_k * warps_k // 2
+
+    def check(self) -> list[str]:
+        errors = []
+        if self.order not in NIBBLE_ORDERS:
+            errors.append(f"nibble order {self.order!r} is not one of {NIBBLE_ORDERS}")
+        if self.block_n % (self.warps_n * MMA_M):
+            errors.append(f"block_n={self.block_n} is not a multiple of 16 * warps_n={self.warps_n}")
+        if self.warp_k % self.tile_k:
+            errors.append(f"the warp k slice {self.warp_k} is not a multiple of {self.tile_k} (the 8-bit mma k step)")
+        elif self.tiles_per_warp % 2:
+            errors.append(f"a warp slice of {self.warp_n}x{self.warp_k} (n x k) holds {self.tiles_per_warp} tiles of "
+                          f"16 x 32; 4-bit codes are loaded two tiles at a time")
+        return errors
+
+
+def _nibble_index(layout: BLayoutNibble8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) inside one warp slice for each [pair][lane][j][q][xy][byte]: byte `byte` of A register 2q + xy of
+    tile 2 * pair + j (the m16n8k32 atom's A fragment)."""
+    from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT as atom
+
+    n_tiles = layout.warp_n // atom.m
+    shape = (layout.tiles_per_warp // 2, 32, 2, 2, 2, 4)
+    pair, lane, j, q, xy, byte = (torch.arange(d).view([-1 if i == a else 1 for i in range(6)])
+                                  for a, d in enumerate(shape))
+    tile = 2 * pair + j
+    row, col = atom.a_element(lane, 2 * q + xy, byte)
+    n = (tile % n_tiles) * atom.m + row
+    k = (tile // n_tiles) * atom.k + col
+    return n.expand(shape), k.expand(shape)
+
+
+def _check_padded(codes: torch.Tensor, layout) -> None:
+    errors = layout.check()
+    if errors:
+        raise ValueError("weight layout: " + "; ".join(errors))
+    if codes.shape[0] % layout.block_n or codes.shape[1] % layout.warp_k:
+        raise ValueError(f"codes shape {tuple(codes.shape)} is not padded to ({layout.block_n}, {layout.warp_k})")
+
+
+def pack_nibbles8(codes: torch.Tensor, layout: BLayoutNibble8) -> torch.Tensor:
+    """Nibble codes (N_pad, K_pad) uint8 in 0..15 -> int32 words in BLayoutNibble8 order, shape (N_pad/block_n,
+    K_pad/warp_k, warps_n * warp_n * warp_k / 8). Works on any device."""
+    _check_padded(codes, layout)
+    n_pad, k_pad = codes.shape
+    nb, ks = n_pad // layout.block_n, k_pad // layout.warp_k
+    c = codes.to(torch.int64).view(nb, layout.warps_n, layout.warp_n, ks, layout.warp_k).permute(0, 3, 1, 2, 4)
+    n_idx, k_idx = (i.to(codes.device) for i in _nibble_index(layout))
+    frag = c[:, :, :, n_idx, k_idx]  # [nb, ks, wn, pair, lane, j, q, xy, byte]
+    pos = torch.tensor(nibble_bit_positions(layout.order), device=codes.device)  # [xy, byte, bit]
+    bit = torch.arange(4, device=codes.device)
+    words = (((frag.unsqueeze(-1) >> bit) & 1) << pos).sum(dim=(-3, -2, -1))  # [nb, ks, wn, pair, lane, j, q]
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.reshape(nb, ks, -1)
+
+
+def unpack_nibbles8(packed: torch.Tensor, layout: BLayoutNibble8, n_pad: int, k_pad: int) -> torch.Tensor:
+    """Inverse of `pack_nibbles8`."""
+    nb, ks = n_pad // layout.block_n, k_pad // layout.warp_k
+    words = packed.to(torch.int64).reshape(nb, ks, layout.warps_n, layout.tiles_per_warp // 2, 32, 2, 2) & 0xFFFFFFFF
+    pos = torch.tensor(nibble_bit_positions(layout.order), device=packed.device)
+    bit = torch.arange(4, device=packed.device)
+    frag = (((words[..., None, None, None] >> pos) & 1) << bit).sum(dim=-1)  # [.., j, q, xy, byte]
+    codes = torch.zeros(nb, ks, layout.warps_n, layout.warp_n, layout.warp_k, dtype=torch.int64, device=packed.device)
+    n_idx, k_idx = (i.to(packed.device) for i in _nibble_index(layout))
+    codes[:, :, :, n_idx, k_idx] = frag
+    return codes.permute(0, 2, 3, 1, 4).reshape(n_pad, k_pad).to(torch.uint8)

@@ -365,7 +365,7 @@ def test_error_unsupported_compute_options() -> None:
     assert "tuning.mma='m16n8k32'" in msg
 
 
-@pytest.mark.parametrize("preset", ["w4a8-int4-g128-fp8", "w4a4-nvfp4"])
+@pytest.mark.parametrize("preset", ["w4a4-nvfp4"])
 def test_error_quantized_activation_scheme(preset: str) -> None:
     layer = LayerConfig(4096, 4096, preset)
     msg = _compose_error(layer=layer)

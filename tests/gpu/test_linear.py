@@ -194,11 +194,11 @@ def test_act_order_permutation_and_unaligned_k():
 
 def test_weight_only_fp8_checkpoint_scheme():
     """A scheme that quantizes activations runs weight-only when asked; one whose quantized activations no kernel
-    serves (W4A8) refuses clearly otherwise (W8A8 runs: tests/gpu/test_linear_w8a8.py)."""
+    serves (W4A4) refuses clearly otherwise (W8A8 and W4A8 run: tests/gpu/test_linear_w8a8.py, test_linear_w4a8.py)."""
     qw = hg.scheme("w8a8-fp8-channel").quantize(torch.randn(512, 768, device="cuda") * 0.05)
-    w4a8 = hg.scheme("w4a8-int4-g128-fp8").quantize(torch.randn(512, 768, device="cuda") * 0.05)
+    w4a4 = hg.scheme("w4a4-nvfp4").quantize(torch.randn(512, 768, device="cuda") * 0.05)
     with pytest.raises(ValueError, match="weight_only=True"):
-        hg.QuantLinear.from_quantized(w4a8)
+        hg.QuantLinear.from_quantized(w4a4)
     layer = hg.QuantLinear.from_quantized(qw, weight_only=True)
     x = torch.randn(5, 768, device="cuda").bfloat16()
     ref = reference_gemm(x.double(), qw, quantize_input=False)

@@ -74,3 +74,14 @@ class GroupScalesGlobal(Component):
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         return frozenset(({"load_weight_group_scales"} if self.weight_groups else set())
                          | ({"load_activation_group_scales"} if self.activation_groups else set()))
+
+
+@attrs.frozen
+class BTilePairShared4(Component):
+    """Two 4-bit weight tiles' A registers with one 16-byte load, each word widened to two registers by the
+    numeric nibbles_to_a8 (schemes.packing.BLayoutNibble8)."""
+
+    template: ClassVar[str] = "memory/b_tile_pair_shared4.cuh.j2"
+    family: ClassVar[str] = "memory"
+    provides: ClassVar[frozenset[str]] = frozenset({"u32x4", "load_b_tile_pair"})
+    needs: ClassVar[frozenset[str]] = frozenset({"nibbles_to_a8"})

@@ -1,20 +1,26 @@
 """compose() of the standard pipeline for schemes with 8-bit activations: 8-bit weight codes x 8-bit activation
-codes on mma.sync m16n8k32 (s8 on sm_80+, e4m3 / e5m2 on sm_89+), no dequantization in the main loop.
+codes on mma.sync m16n8k32 (s8 on sm_80+, e4m3 / e5m2 on sm_89+), no dequantization in the main loop. Weights of
+at most 4 bits are stored as nibbles (BLayoutNibble8) and widened to the activation's kind in registers
+(components.numeric.nibble8: int8 as 16 x code, or e4m3 by table lookup).
 
 Scales: per-channel / tensor weight scales and per-token / tensor activation scales multiply the output in the
 epilogue (acc * a_scale[m] * w_scale[n]); group scales (DeepSeek 128 x 128 weight blocks, 1 x 128 activation
-groups) multiply each warp's stage partial sums when they are promoted into the fp32 accumulators.
+groups, MXFP4's group-32 e8m0 scales) multiply each warp's partial sums when they are promoted into the fp32
+accumulators, every kPromoteK = gcd(warp k slice, group sizes) k.
 """
 
 from __future__ import annotations
 
 import math
 
+import attrs
+
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
-from humming_gen.components.memory.shared_reads import BTileShared8, GroupScalesGlobal
+from humming_gen.components.memory.shared_reads import BTilePairShared4, BTileShared8, GroupScalesGlobal
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT
 from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32
+from humming_gen.components.numeric.nibble8 import INT8_CODE_SCALE, NibbleToE4m3, NibbleToInt8, nibble_reasons
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
@@ -24,7 +30,7 @@ from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scal
                                           missing_symbols, padded_k, split_k_constants, split_k_reasons)
 from humming_gen.pipelines.standard.loaders import ATile8CpAsync, BTileCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
-from humming_gen.schemes.packing import BLayout8
+from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
 from humming_gen.targets import Target
 
 MMA = "m16n8k32"  # TuningConfig.mma of these kernels
@@ -41,6 +47,30 @@ def activation_group_k(layer: LayerConfig) -> int | None:
     return a.group_size if a.granularity == "group" else None
 
 
+def nibble_order(layer: LayerConfig) -> str | None:
+    """How weights of at most 4 bits become 8-bit operands ("int8" / "e4m3", BLayoutNibble8.order); None for
+    8-bit weights, which the mma reads as stored."""
+    if layer.scheme.weight.bits > 4:
+        return None
+    return "e4m3" if layer.scheme.activation.dtype.is_float else "int8"
+
+
+def weight_operand(layer: LayerConfig) -> str:
+    """The 8-bit format the mma reads the weights as."""
+    order = nibble_order(layer)
+    return {None: layer.scheme.weight.name, "int8": "int8", "e4m3": "float8e4m3"}[order]
+
+
+def code_scale(layer: LayerConfig) -> float:
+    """What the weight operand's value is multiplied by to give the code's value (folded into the fp32 scales)."""
+    return INT8_CODE_SCALE if nibble_order(layer) == "int8" else 1.0
+
+
+def promote_k(layer: LayerConfig, warp_k: int) -> int:
+    """k between promotions of partial sums: the warp's k slice, or less so that each lies in one scale group."""
+    return math.gcd(warp_k, *(g for g in (weight_group_k(layer), activation_group_k(layer)) if g is not None))
+
+
 def scheme_reasons(layer: LayerConfig) -> list[str]:
     """What this path cannot serve of a scheme with quantized activations, whatever the tuning and target."""
     s, a = layer.scheme, layer.scheme.activation
@@ -48,9 +78,11 @@ def scheme_reasons(layer: LayerConfig) -> list[str]:
     if a.dtype.name not in PTX_8BIT_TYPE:
         reasons.append(f"activation format {a.dtype.name}: kernels with quantized activations are generated for "
                        f"8-bit activations ({', '.join(PTX_8BIT_TYPE)}) so far")
-    if s.weight.name not in PTX_8BIT_TYPE:
-        reasons.append(f"weight format {s.weight.name} with quantized activations: only 8-bit weights "
-                       f"({', '.join(PTX_8BIT_TYPE)}) are generated so far (W4A8 / W4A4 are not)")
+    if s.weight.bits < 8 and a.dtype.name in PTX_8BIT_TYPE:
+        reasons += nibble_reasons(s.weight, a.dtype)
+    elif s.weight.name not in PTX_8BIT_TYPE:
+        reasons.append(f"weight format {s.weight.name} with quantized activations: 8-bit weights "
+                       f"({', '.join(PTX_8BIT_TYPE)}) or weights of at most 4 bits are generated")
     elif a.dtype.name in PTX_8BIT_TYPE and s.weight.is_float != a.dtype.is_float:
         reasons.append(f"weight format {s.weight.name} x activation format {a.dtype.name}: the 8-bit mma multiplies "
                        f"two integer or two fp8 operands")
@@ -61,9 +93,9 @@ def scheme_reasons(layer: LayerConfig) -> list[str]:
     if a.scale_dtype.name != "float32":
         reasons.append(f"activation scale_dtype={a.scale_dtype.name}: kernels read float32 activation scales so far")
     for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
-        if g is not None and g % 64:
-            reasons.append(f"{what} scale groups of {g} along K: promotion reads one group per warp k slice of 64, "
-                           f"so the group must be a multiple of 64")
+        if g is not None and g % 32:
+            reasons.append(f"{what} scale groups of {g} along K: partial sums are promoted with their group's scale "
+                           f"every k32 step at the finest, so the group must be a multiple of 32")
     return reasons
 
 
@@ -78,11 +110,6 @@ def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
         reasons.append("the standard pipeline loads every tensor with cp_async")
     if t.cluster_m * t.cluster_n != 1:
         reasons.append("the standard pipeline launches no clusters (cluster_m = cluster_n = 1)")
-    warp_k = t.block_k // t.warps_k
-    for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
-        if g is not None and g % warp_k:
-            reasons.append(f"{what} scale groups of {g} along K do not hold whole warp k slices of "
-                           f"block_k / warps_k = {warp_k}")
     return reasons
 
 
@@ -96,8 +123,9 @@ def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
     """The Params fields, in struct order."""
     s, a = layer.scheme, layer.scheme.activation
     out = [KernelArg("a", "const void*", ACTIVATION, f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"),
-           KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)",
-                     tensor="b")]
+           KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)"
+                     if nibble_order(layer) is None else f"{s.weight.name} codes as nibbles "
+                     f"(humming_gen.schemes.packing.BLayoutNibble8, order {nibble_order(layer)})", tensor="b")]
     if weight_group_k(layer) is not None:
         out.append(KernelArg("b_scale", "const void*", WEIGHT, "fp32 weight group scales [k group][n_pad]",
                              tensor="b_scale"))
@@ -117,7 +145,7 @@ def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
     return tuple(out)
 
 
-def weight_layout(layer: LayerConfig, b_layout: BLayout8, n_pad: int) -> WeightLayout:
+def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8, n_pad: int) -> WeightLayout:
     g = weight_group_k(layer)
     k_pad = padded_k(layer)
     return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group_size=g,
@@ -127,11 +155,19 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout8, n_pad: int) -> WeightL
 
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target,
             reasons: list[str], b_layout: BLayout8, shared: int, stage_bytes: int, a_bytes: int) -> KernelPlan:
-    """The components of one kernel with 8-bit activations; `reasons` are the standard compose's so far."""
+    """The components of one kernel with 8-bit activations; `reasons` are the standard compose's so far, `shared`
+    and `stage_bytes` its shared-memory figures for 8-bit weight codes (halved here for nibbles)."""
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
     reasons = reasons + scheme_reasons(layer) + tuning_reasons(layer, t)
     warp_m, warp_n, warp_k = t.block_m // t.warps_m, t.block_n // t.warps_n, t.block_k // t.warps_k
+    order = nibble_order(layer)
+    if order is not None:
+        from humming_gen.pipelines.standard.compose import shared_memory  # (compose imports this module)
+
+        b_layout = BLayoutNibble8(block_n=t.block_n, warps_n=t.warps_n, warp_k=warp_k, order=order)
+        smem = attrs.evolve(shared_memory(layer, t), b=-(-b_layout.stage_bytes(t.warps_k) // 128) * 128)
+        shared, stage_bytes = smem.total, smem.stage
     if warp_m % 8:
         reasons.append(f"warp tile m = block_m/warps_m = {warp_m} is not a multiple of 8")
     reasons += b_layout.check()
@@ -144,11 +180,17 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     k_pad = padded_k(layer)
     wgroups, agroups = weight_group_k(layer) is not None, activation_group_k(layer) is not None
 
-    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8), BTileShared8(),
-                               BTileCpAsync(bits=8, tile_bytes=b_layout.stage_bytes(t.warps_k))]
+    numeric: list[Component] = []
+    if order == "int8":
+        numeric.append(NibbleToInt8(weight=s.weight.name))
+    elif order == "e4m3":
+        numeric.append(NibbleToE4m3(weight=s.weight))
+    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8),
+                               BTileShared8() if order is None else BTilePairShared4(),
+                               BTileCpAsync(bits=b_layout.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if wgroups or agroups:
         memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups))
-    mma: list[Component] = [MmaSyncM16N8K32(weight=s.weight.name, activation=a.dtype.name)]
+    mma: list[Component] = [MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
     schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:
@@ -161,10 +203,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}")
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
-                                  integer=not s.weight.is_float, weight_groups=wgroups, activation_groups=agroups,
+                                  integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
-                                  pdl=pdl)
-    body = memory + mma + schedule + epilogue + [pipeline]
+                                  pdl=pdl, nibbles=order is not None)
+    body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
@@ -176,6 +218,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
         ("kWarpsMN", t.warps_m * t.warps_n, ""),
         ("kWarpM", warp_m, "warp tile"), ("kWarpN", warp_n, ""), ("kWarpK", warp_k, ""),
+        ("kPromoteK", promote_k(layer, warp_k), "k between promotions of partial sums into the accumulators"),
         ("kWarpMTiles", warp_m // 8, "m8 mma tiles per warp"), ("kWarpNTiles", warp_n // 16, "n16 mma tiles per warp"),
         ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
         ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
