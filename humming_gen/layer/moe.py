@@ -11,7 +11,9 @@ from __future__ import annotations
 import attrs
 import torch
 
+import humming_gen.layer.moe_ops  # noqa: F401  (registers the humming_gen::fused_moe / moe_gemm ops)
 from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
@@ -117,6 +119,7 @@ class QuantMoE(torch.nn.Module):
         self._kernels = list(zip(k13, k2))
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
+        self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -150,35 +153,64 @@ class QuantMoE(torch.nn.Module):
         """The token tile moe_align must pad each expert's rows to for this batch."""
         return self._kernels[self.bucket_for(m, top_k)][0].plan.tuning.block_m
 
-    def _check(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"x must be (M, {self.hidden}), got {getattr(x, 'shape', type(x).__name__)}")
+    def check_input(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    expert_map: torch.Tensor | None = None) -> None:
+        """ValueError / TypeError naming what is wrong with forward's arguments (metadata only: fake tensors pass
+        too, so the op's fake implementation runs the same checks)."""
+        for name, t in (("x", x), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if expert_map is not None and not isinstance(expert_map, torch.Tensor):
+            raise TypeError(f"expert_map must be a torch.Tensor or None, got {type(expert_map).__name__}")
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be (M, {self.hidden}), got {tuple(x.shape)}")
         if x.dtype != self.dtype or x.device != self.device:
             raise ValueError(f"x is {x.dtype} on {x.device}; this layer was built for {self.dtype} on {self.device}")
-        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-            raise ValueError(f"x must have unit column stride and 16-byte aligned rows (strides {x.stride()}); "
-                             f"call .contiguous() first")
-        if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-            raise ValueError(f"topk_ids must be (M, top_k) with M = {x.shape[0]}, got "
-                             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}")
-        if not isinstance(topk_weights, torch.Tensor) or topk_weights.shape != topk_ids.shape:
+        if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+            raise ValueError(f"topk_ids must be (M, top_k) with M = {x.shape[0]}, got {tuple(topk_ids.shape)}")
+        if topk_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"topk_ids.dtype is {topk_ids.dtype}; allowed: int32, int64")
+        if topk_weights.shape != topk_ids.shape:
             raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got "
-                             f"{getattr(topk_weights, 'shape', type(topk_weights).__name__)}")
+                             f"{tuple(topk_weights.shape)}")
         if not topk_weights.is_floating_point():
             raise ValueError(f"topk_weights must be a float tensor, got {topk_weights.dtype}")
-        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
-            if t.device != self.device:
+        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights), ("expert_map", expert_map)):
+            if t is not None and t.device != self.device:
                 raise ValueError(f"{name} is on {t.device}; the layer is on {self.device}")
+
+    def check_out(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """ValueError / TypeError naming what is wrong with a caller's (M, H) output tensor."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if tuple(out.shape) != (x.shape[0], self.hidden) or out.dtype != self.dtype or out.device != self.device:
+            raise ValueError(f"out must be ({x.shape[0]}, {self.hidden}) {self.dtype} on {self.device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 expert_map: torch.Tensor | None = None) -> torch.Tensor:
+        """(M, H) MoE output through the `humming_gen::fused_moe` op (one opaque call for torch.compile).
+
+        x (M, H) of the layer's dtype; topk_weights / topk_ids (M, top_k) (ids local experts, or global ids with
+        `expert_map`: global id -> local expert, -1 for other ranks' experts); -1 ids are skipped."""
+        self.check_input(x, topk_weights, topk_ids, expert_map)
+        return torch.ops.humming_gen.fused_moe(x, self._op_id, topk_weights, topk_ids, expert_map)
+
+    def run(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+            expert_map: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), fp32 top-k sum.
+        Never synchronises with the host; `out` (M, H), when given, receives the result."""
         from humming_gen.moe import moe_align
         from humming_gen.reference.moe import gated_activation
 
-        self._check(x, topk_weights, topk_ids)
+        self.check_input(x, topk_weights, topk_ids, expert_map)
         m, top_k = topk_ids.shape
+        if out is None:
+            out = torch.empty(m, self.hidden, dtype=self.dtype, device=self.device)
         if m == 0:
-            return torch.empty(0, self.hidden, dtype=self.dtype, device=self.device)
+            return out
+        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            x = x.contiguous()  # the kernel reads rows in 16-byte pieces
         bucket = self.bucket_for(m, top_k)
         gemm1, gemm2 = self._launchers[bucket]
         routing = moe_align(topk_ids.contiguous(), self.num_experts, gemm1.kernel.plan.tuning.block_m, expert_map)
@@ -189,7 +221,28 @@ class QuantMoE(torch.nn.Module):
                                self.swiglu_limit).to(self.dtype)
         y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
         gemm2.moe(act, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1))
-        return torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32).to(self.dtype)
+        out.copy_(torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32))
+        return out
+
+    def launcher_for(self, weight: str, rows: int, block_m: int):
+        """The bound launcher of GEMM `weight` ("w13" or "w2") whose token tile is `block_m`: the bucket of `rows`
+        assignment rows when its tile matches, else the first bucket with that tile (for callers that bring
+        their own routing, padded to block_m)."""
+        if weight not in ("w13", "w2"):
+            raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+        index = 0 if weight == "w13" else 1
+        tiles = self.block_ms
+        if block_m not in tiles:
+            raise ValueError(f"block_m={block_m}: this layer's kernels tile {sorted(set(tiles))} rows; pad the "
+                             f"routing to one of them (layer.block_m(M, top_k) gives the one for a batch)")
+        preferred = self.bucket_for(rows, 1)
+        bucket = preferred if tiles[preferred] == block_m else tiles.index(block_m)
+        return self._launchers[bucket][index]
+
+    @property
+    def block_ms(self) -> list[int]:
+        """The token tile of each bucket's kernels (the block_m its routing is padded to)."""
+        return [gemm1.kernel.plan.tuning.block_m for gemm1, _ in self._launchers]
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
