@@ -212,8 +212,9 @@ class Launcher:
         from humming_gen.runtime import launch
 
         slots = self._routing_slots
-        if not slots:
-            raise ValueError(f"kernel {self.kernel.name} is not an MoE kernel; call the launcher with (a, out)")
+        if not slots or "expert_layout" in slots:
+            raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
+                             f" (dense) or Launcher.grouped (grouped MoE)")
         if ("topk_weights" in slots) != (topk_weights is not None):
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "it multiplies by the router weights; pass topk_weights" if topk_weights is None
@@ -229,6 +230,25 @@ class Launcher:
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
+        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
+               pdl=self._pdl)
+
+    def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor) -> None:
+        """Launch a grouped MoE kernel on rows of `a` into the same rows of `out`: grouped_masked, a and out are
+        (E * max_m) rows and expert_layout (E,) int32 the rows of each expert in use (rows past it are not
+        written); grouped_contiguous, expert e's rows are [expert_layout[e], expert_layout[e + 1])."""
+        from humming_gen.runtime import launch
+
+        slot = self._routing_slots.get("expert_layout")
+        if slot is None:
+            raise ValueError(f"kernel {self.kernel.name} is not a grouped MoE kernel")
+        m = a.shape[0]
+        if self._fn is None:
+            self._fn = self.kernel._function(self.device.index or 0)
+        values, at = self._values, self._per_call
+        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
+        values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
+        values[slot] = expert_layout.data_ptr()
         launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                pdl=self._pdl)
 

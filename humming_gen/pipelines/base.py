@@ -166,17 +166,28 @@ class TiledLaunch:
     block_m: int
     block_n: int
     split_k: int
-    experts: int = 1  # MoE (indexed): m counts assignments, padded per expert to block_m rows by moe_align
+    experts: int = 1
+    # MoE: "indexed" (m counts assignments, padded per expert to block_m rows by moe_align), "grouped_masked" (m =
+    # experts x max_m rows), "grouped_contiguous" (m rows in per-expert segments); "" for a dense layer
+    moe_gemm: str = ""
 
     @property
     def cluster(self) -> None:
         return None
 
+    def m_blocks(self, m: int) -> int:
+        """m blocks of the grid: enough for the worst-case routing or segments."""
+        bm = self.block_m
+        if self.moe_gemm == "indexed":  # reference.moe.max_padded_size
+            return max(1, math.ceil((m + min(self.experts, m) * (bm - 1)) / bm))
+        if self.moe_gemm == "grouped_masked":
+            return max(1, self.experts * math.ceil(m // self.experts / bm))
+        if self.moe_gemm == "grouped_contiguous":  # each segment adds at most one partial block
+            return max(1, math.ceil(m / bm) + min(self.experts, m))
+        return max(1, math.ceil(m / bm))
+
     def grid(self, m: int) -> tuple[int, int, int]:
-        if self.experts > 1:  # as many m blocks as the worst-case routing (reference.moe.max_padded_size)
-            return (self.n_tiles, max(1, math.ceil((m + min(self.experts, m) * (self.block_m - 1)) / self.block_m)),
-                    self.split_k)
-        return (self.n_tiles, max(1, math.ceil(m / self.block_m)), self.split_k)
+        return (self.n_tiles, self.m_blocks(m), self.split_k)
 
     def scratch(self, m: int) -> dict[str, Scratch]:
         return split_k_scratch(self, m)

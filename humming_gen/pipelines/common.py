@@ -176,6 +176,10 @@ def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
                  KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
                            tensor="counters")]
     moe = compute is not None and compute.gemm == "indexed"
+    if compute is not None and compute.gemm in ("grouped_masked", "grouped_contiguous"):
+        layout = ("int32 rows in use per expert (E)" if compute.gemm == "grouped_masked"
+                  else "int32 first row of each expert's segment, and the end (E + 1)")
+        args.append(KernelArg("expert_layout", "const void*", ROUTING, layout, tensor="expert_layout"))
     if moe:
         args += [KernelArg("sorted_ids", "const void*", ROUTING, "int32 assignment per row of the m blocks (moe_align)",
                            tensor="sorted_ids"),

@@ -73,8 +73,8 @@ def test_compose_refuses_what_moe_kernels_do_not_do() -> None:
         compose(moe_layer, INDEXED, tuning, tgt)
     with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
         compose(moe_layer, ComputeConfig(), attrs.evolve(tuning, split_k=1), tgt)
-    with pytest.raises(ComposeError, match="grouped_masked"):
-        compose(moe_layer, ComputeConfig(gemm="grouped_masked"), attrs.evolve(tuning, split_k=1), tgt)
+    with pytest.raises(ComposeError, match="accumulate"):
+        compose(moe_layer, ComputeConfig(gemm="indexed", accumulate="float16"), attrs.evolve(tuning, split_k=1), tgt)
     ws = choose_tunings(LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128"), tgt).for_m(1024)
     assert ws.pipeline == "warp_specialized"
     with pytest.raises(ComposeError, match="generates 'dense' kernels"):
@@ -122,3 +122,21 @@ def test_quant_moe_builds_on_the_cpu_and_refuses_bad_input() -> None:
     launcher = moe._launchers[0][0]
     with pytest.raises(ValueError, match="MoE kernel: launch it with Launcher.moe"):
         launcher(x, torch.empty(3, 256, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("gemm", ["grouped_masked", "grouped_contiguous"])
+def test_grouped_kernels_compile_and_bound_rows_by_expert(gemm: str) -> None:
+    plans = _plans("uint4-g128-zp", "sm_90a", ComputeConfig(gemm=gemm))
+    for kernel in build_many(plans):
+        assert kernel.compiled.resources["spill_store_bytes"] == 0
+    src = hg.kernel.generate(plans[0], "nvrtc")
+    assert "p.m = row_end;" in src and "gather_rows" not in src and "sorted_ids" not in src
+    assert plans[0].kernel_name.endswith("_moe_" + gemm.split("_")[1])
+    assert [a.name for a in plans[0].args if a.kind == "routing"] == ["expert_layout"]
+    bm = plans[0].tuning.block_m
+    if gemm == "grouped_masked":  # E x ceil(max_m / block_m) blocks for m = E x max_m rows
+        assert plans[0].grid(8 * 20)[1] == 8 * -(-20 // bm)
+    else:  # every segment adds at most one partial block
+        assert plans[0].grid(100)[1] == -(-100 // bm) + 8
+    with pytest.raises(ComposeError, match="topk_weight"):
+        compose(plans[0].layer, ComputeConfig(gemm=gemm, topk_weight=True), plans[0].tuning, plans[0].target)

@@ -151,3 +151,66 @@ def test_cuda_graph_replay_with_new_routing_and_no_host_sync():
     torch.cuda.synchronize()
     ref = reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(), weights.double(), ids)
     assert _rel(out, ref) < TOLERANCE[torch.bfloat16]
+
+
+def _grouped_launcher(q, gemm, dtype=torch.bfloat16, bias=None, rows=64):
+    """A grouped MoE kernel of the standard pipeline for `q` (E, N, K), with its stacked weights bound."""
+    import attrs
+
+    from humming_gen.codegen import compose
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.kernel import build_many
+    from humming_gen.layer.moe import prepare_moe_weight
+
+    layer = LayerConfig(n=q.n, k=q.k, scheme=q.scheme, num_experts=q.num_experts, has_bias=bias is not None,
+                        dtype="bfloat16" if dtype == torch.bfloat16 else "float16")
+    target = hg.Target.current()
+    tuning = attrs.evolve(choose_tunings(layer, target, pipeline="standard").for_m(rows), split_k=1)
+    plan = compose(layer, ComputeConfig(gemm=gemm), tuning, target)
+    kernel = build_many([plan])[0]
+    weight = prepare_moe_weight(plan, q, "cuda")
+    return kernel.bind(weight, bias, torch.device("cuda"), None)
+
+
+@pytest.mark.parametrize("rows", [5, 64, 200])
+def test_grouped_masked_rows_per_expert(rows):
+    """DeepEP low-latency layout: a (E, max_m, K), counts (E,); rows past an expert's count stay untouched."""
+    torch.manual_seed(rows)
+    e, n, k, max_m = 8, 512, 1024, 256
+    q = hg.QuantScheme("uint4", group_size=128, zero_point="int").quantize(torch.randn(e, n, k, device="cuda") * 0.05)
+    bias = (torch.randn(e, n, device="cuda") * 0.1).bfloat16()
+    launcher = _grouped_launcher(q, "grouped_masked", bias=bias, rows=rows)
+    a = torch.randn(e, max_m, k, device="cuda").bfloat16()
+    counts = torch.randint(0, rows + 1, (e,), device="cuda", dtype=torch.int32)
+    counts[0], counts[1] = 0, max_m if rows == 200 else rows  # an idle expert and a full one
+    out = torch.full((e, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launcher.grouped(a.view(e * max_m, k), out.view(e * max_m, n), counts)
+    w = q.dequantize().double()
+    for j in range(e):
+        c = int(counts[j])
+        ref = a[j, :c].double() @ w[j].T + bias[j].double()
+        assert torch.isnan(out[j, c:]).all(), f"expert {j}: rows past its count were written"
+        if c:
+            assert torch.isfinite(out[j, :c]).all()
+            assert _rel(out[j, :c], ref) < TOLERANCE[torch.bfloat16], f"expert {j}"
+
+
+def test_grouped_contiguous_segments():
+    """Rows already permuted into per-expert segments of any length (empty ones too)."""
+    torch.manual_seed(9)
+    e, n, k = 16, 256, 512
+    q = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(e, n, k, device="cuda") * 0.05)
+    counts = torch.randint(0, 40, (e,))
+    counts[3] = 0
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = torch.cumsum(counts, 0)
+    m = int(offsets[-1])
+    launcher = _grouped_launcher(q, "grouped_contiguous", rows=m)
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    out = torch.full((m + 7, n), float("nan"), dtype=torch.bfloat16, device="cuda")  # rows past m stay untouched
+    launcher.grouped(a, out[:m], offsets.cuda())
+    w = q.dequantize().double()
+    ref = torch.cat([a[offsets[j]:offsets[j + 1]].double() @ w[j].T for j in range(e)])
+    assert torch.isfinite(out[:m]).all() and torch.isnan(out[m:]).all()
+    assert _rel(out[:m], ref) < TOLERANCE[torch.bfloat16]

@@ -39,6 +39,18 @@ class MoeIndexedSchedule(Component):
 
 
 @attrs.frozen
+class MoeGroupedSchedule(Component):
+    """MoE (grouped): one CTA per (n tile, m block of an expert's row window); masked (E, max_m) or contiguous
+    segments, the block's rows bounded by its window."""
+
+    template: ClassVar[str] = "schedule/moe_grouped.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "tile_coord"})
+    needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+    masked: bool
+
+
+@attrs.frozen
 class PersistentSchedule(Component):
     """A persistent grid walking (tile, k slice) units, n tiles fastest."""
 

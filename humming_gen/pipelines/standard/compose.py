@@ -15,7 +15,8 @@ from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule, MoeIndexedSchedule
+from humming_gen.components.schedule.dense import (DenseSchedule, DenseSplitKSchedule, MoeGroupedSchedule,
+                                                   MoeIndexedSchedule)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
@@ -28,7 +29,7 @@ from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduc
 from humming_gen.schemes.packing import BLayout, BLayout8
 from humming_gen.targets import Target
 
-MOE_GEMMS = ("indexed",)  # the MoE gemm types this pipeline generates (16-bit activations)
+MOE_GEMMS = ("indexed", "grouped_contiguous", "grouped_masked")  # MoE gemm types generated (16-bit activations)
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
 
@@ -127,7 +128,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                   + shared_reasons(smem, t, target), b_layout_of(layer, t), smem.total, smem.stage,
                                   smem.a)
     reasons = common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + tuning_reasons(t)
-    moe = compute.gemm == "indexed"
+    moe = compute.gemm in MOE_GEMMS
+    gather = compute.gemm == "indexed"  # rows through the routing; grouped types read row windows
+    if compute.topk_weight and not gather:
+        reasons.append(f"compute.topk_weight with gemm={compute.gemm!r}: the router weights are applied by the "
+                       f"caller's combine step for grouped layouts (only 'indexed' multiplies them)")
     if moe and t.split_k > 1:
         reasons.append(f"tuning.split_k={t.split_k}: MoE kernels take split_k=1 (their m blocks fill the GPU)")
     if not moe and layer.num_experts > 1:
@@ -155,7 +160,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     hoist = bool(group and not group.arbitrary and group.group_size % warp_k == 0)
     slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
     numeric, apply, convert_in_extract = dequant_chain(layer, group, warp_m // 8, slice_scale)
-    memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=moe),
+    memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather),
                                BChunkShared(bits=s.weight.bits),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if group is not None:
@@ -167,7 +172,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                      pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
                                      arbitrary_groups=group.arbitrary, odd_group_size=odd)]
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
-    schedule: list[Component] = [MoeIndexedSchedule() if moe else
+    schedule: list[Component] = [MoeIndexedSchedule() if gather else
+                                 MoeGroupedSchedule(masked=compute.gemm == "grouped_masked") if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:
@@ -176,7 +182,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKReduce(split_k=t.split_k))
     out_scale = has_out_scale(s)
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias,
-                                row_map=moe, topk_weight=compute.topk_weight))
+                                row_map=gather, topk_weight=compute.topk_weight))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     expert_group_bytes = (group.rows if group else 0) * n_pad * 2
     expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes, "b_zero": expert_group_bytes,
@@ -184,13 +190,15 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     expert_tensors = tuple((a.name, f"kExpert{offset_constant(a.name)}Bytes") for a in dense_args(layer, group, False)
                            if moe and a.name in expert_bytes)
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target)
+    moe_suffix = {"indexed": "_moe", "grouped_masked": "_moe_masked", "grouped_contiguous": "_moe_contiguous"}
+    name = kernel_name(layer, t, target, suffix=(moe_suffix[compute.gemm] + ("_topkw" if compute.topk_weight else "")
+                                                 if moe else ""))
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 convert_in_extract=convert_in_extract,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl, arbitrary_groups=bool(group and group.arbitrary),
-                                expert_tensors=expert_tensors)
+                                expert_tensors=expert_tensors, grouped=moe and not gather)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -219,6 +227,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
     constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in expert_tensors]
+    constants += [("kNumExperts", layer.num_experts, "")] if moe else []
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)
 
@@ -227,5 +236,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                       layout=weight_layout(layer, b_layout, n_pad, group), group=group, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
-                                         split_k=t.split_k, experts=layer.num_experts if moe else 1))
+                                         split_k=t.split_k, experts=layer.num_experts if moe else 1,
+                                         moe_gemm=compute.gemm if moe else ""))
 

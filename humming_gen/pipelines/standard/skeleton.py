@@ -28,6 +28,7 @@ class StandardPipeline(Component):
     arbitrary_groups: bool = option_field()  # group size not a multiple of 16: a register finds its group row
     # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: bool = option_field()  # MoE with per-expert row windows (grouped gemm types), not gathered rows
 
     @property
     def moe(self) -> bool:
@@ -50,7 +51,7 @@ class StandardPipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
         needs |= {"split_k_reduce"} if self.split_k else set()
-        needs |= {"kAChunksPerThread", "gather_rows"} if self.moe else set()
+        needs |= {"kAChunksPerThread", "gather_rows"} if self.moe and not self.grouped else set()
         return frozenset(needs)
 
     @property
