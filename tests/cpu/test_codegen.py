@@ -345,9 +345,13 @@ def hg_scheme(**kwargs):
     return QuantScheme(**kwargs)
 
 
-@pytest.mark.parametrize("gemm", ["grouped_contiguous", "grouped_masked"])
+@pytest.mark.parametrize("gemm", ["indexed", "grouped_contiguous", "grouped_masked"])
 def test_error_unsupported_gemm(gemm: str) -> None:
-    assert f"compute.gemm={gemm!r}" in _compose_error(compute=ComputeConfig(gemm=gemm))
+    """MoE gemm types compose on the standard pipeline (tests/cpu/test_moe_gemm.py), not the warp-specialized one."""
+    from humming_gen.heuristics import choose_tunings
+
+    ws = choose_tunings(_LAYER, get_target("sm_90a")).for_m(1024)
+    assert f"compute.gemm={gemm!r}" in _compose_error(compute=ComputeConfig(gemm=gemm), tuning=ws)
 
 
 def test_error_indexed_gemm_needs_experts_not_split_k() -> None:
