@@ -47,6 +47,8 @@ _EXPORTS = {
     "reference_fused_moe": "humming_gen.reference.moe",
     "convert": "humming_gen.schemes.converters",
     "load_layer": "humming_gen.schemes.converters",
+    "load_moe": "humming_gen.schemes.converters.moe",
+    "MoeWeights": "humming_gen.schemes.converters.moe",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -140,6 +140,16 @@ class QuantMoE(torch.nn.Module):
         """From (E, N, K) QuantizedWeights (QuantScheme.quantize, humming_gen.convert or load_layer)."""
         return cls(q13, q2, **kwargs)
 
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str, prefix: str, **kwargs) -> "QuantMoE":
+        """The experts module `prefix` of a safetensors checkpoint (gpt-oss MXFP4, compressed-tensors, FP8 block,
+        ... : humming_gen.load_moe), weight-only: QuantMoE serves 16-bit activations today, so checkpoints whose
+        scheme quantizes activations (DeepSeek FP8 block) run with bf16 / fp16 activations. kwargs go to the
+        constructor (dtype, target, device; activation overrides the format's)."""
+        from humming_gen.schemes.converters.moe import load_moe
+
+        return load_moe(checkpoint_dir, prefix).to_layer(**kwargs)
+
     # --- run -------------------------------------------------------------------------------------
     def bucket_for(self, m: int, top_k: int) -> int:
         """Index of the bucket that serves M tokens of top_k assignments (by rows per expert)."""
