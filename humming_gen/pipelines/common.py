@@ -92,9 +92,9 @@ def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *
         reasons.append(f"compute.gemm={compute.gemm!r}: this pipeline generates {served} kernels")
     if compute.accumulate != "float32":
         reasons.append(f"compute.accumulate={compute.accumulate!r}: only 'float32' is generated so far")
-    if compute.epilogue_activation is not None:
-        reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r}: fused gated activations are "
-                       f"not generated yet (QuantMoE applies them between its two GEMMs)")
+    if compute.epilogue_activation is not None and "indexed" not in moe_gemms:
+        reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r}: this pipeline fuses no gated "
+                       f"activation (the standard pipeline does, for indexed MoE GEMMs)")
     if s.activation is not None and not quantized_activations:
         reasons.append(f"quantized activations ({s.activation.dtype.name}): this pipeline does not generate them; "
                        f"the standard pipeline does (8-bit activations), or use a scheme with activation=None")

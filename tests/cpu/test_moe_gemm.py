@@ -140,3 +140,24 @@ def test_grouped_kernels_compile_and_bound_rows_by_expert(gemm: str) -> None:
         assert plans[0].grid(100)[1] == -(-100 // bm) + 8
     with pytest.raises(ComposeError, match="topk_weight"):
         compose(plans[0].layer, ComputeConfig(gemm=gemm, topk_weight=True), plans[0].tuning, plans[0].target)
+
+
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_mul", "swiglu_oai"])
+def test_gated_epilogue_compiles_and_writes_half_the_columns(activation: str) -> None:
+    plans = _plans("int4-g128", "sm_90a", ComputeConfig(gemm="indexed", epilogue_activation=activation))
+    for kernel in build_many(plans):
+        assert kernel.compiled.resources["spill_store_bytes"] == 0
+    src = hg.kernel.generate(plans[0], "nvrtc")
+    assert "const int col = (n_base + nt * 16) / 2 + g;" in src and "gated_activation(gate, up)" in src
+    assert plans[0].kernel_name.endswith("_moe_" + activation)
+    layer = plans[0].layer
+    with pytest.raises(ComposeError, match="needs gemm='indexed'"):
+        compose(layer, ComputeConfig(gemm="grouped_masked", epilogue_activation=activation), plans[0].tuning,
+                plans[0].target)
+    with pytest.raises(ComposeError, match="not a multiple of 16"):
+        compose(attrs.evolve(layer, n=1000), ComputeConfig(gemm="indexed", epilogue_activation=activation),
+                plans[0].tuning, plans[0].target)
+    dense = LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128")
+    ws = choose_tunings(dense, get_target("sm_90a")).for_m(1024)
+    with pytest.raises(ComposeError, match="fuses no gated activation"):
+        compose(dense, ComputeConfig(gemm="indexed", epilogue_activation=activation), ws, get_target("sm_90a"))

@@ -51,6 +51,7 @@ class SplitKParallelReduce(Component):
         return frozenset({"arrive_and_count", "reset_counter", "fence_gpu", "load_cg", "wait_count"} | named)
 
 
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's swiglu, the one the fused epilogue computes
 _OUT_CTYPE = {"bfloat16": "u16", "float16": "u16", "float32": "float"}
 
 
@@ -74,10 +75,16 @@ class StoreOutput(Component):
     # topk_weight: times that assignment's router weight.
     row_map: bool = option_field()
     topk_weight: bool = option_field()
+    # MoE GEMM1: gate and up rows interleaved by 8 in each 16-row tile; the store writes act(gate, up) (N / 2 columns)
+    gated: str = option_field("")
 
     def __attrs_post_init__(self) -> None:
         if self.row_map and (self.fragment_store or self.token_scale):
             raise ValueError("StoreOutput.row_map (MoE) is not combined with fragment_store or token_scale")
+        if self.gated not in ("", "silu_mul", "gelu_mul", "swiglu_oai"):
+            raise ValueError(f"StoreOutput.gated={self.gated!r}; allowed: '', 'silu_mul', 'gelu_mul', 'swiglu_oai'")
+        if self.gated and (not self.row_map or self.atom is not MMA_SYNC_M16N8K16):
+            raise ValueError("StoreOutput.gated needs row_map (MoE GEMM1) and the mma.sync fragment order")
         if self.topk_weight and not self.row_map:
             raise ValueError("StoreOutput.topk_weight needs row_map (an MoE kernel)")
         if self.token_scale not in ("", "token", "tensor"):
@@ -85,7 +92,8 @@ class StoreOutput(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"store_fragment" if self.fragment_store else "store_output"})
+        return frozenset({"store_fragment" if self.fragment_store else "store_output"}
+                         | ({"gated_activation"} if self.gated else set()))
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -102,9 +110,15 @@ class StoreOutput(Component):
         decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
                 "tensor": "const float a_scale = *static_cast<const float*>(p.a_scale);"}[self.token_scale]
         value = "acc[nt][mt][2 * half + j]" + suffix
+        gated_value = "gated_activation(gate, up)"
         if self.topk_weight:
             value = f"({value}) * weights[mt][j]"
+            gated_value += " * weights[mt][j]"
+        gate_suffix = (" * scale_gate" if self.out_scale else "") + (" + bias_gate" if self.bias else "")
+        up_suffix = (" * scale_up" if self.out_scale else "") + (" + bias_up" if self.bias else "")
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
                 "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
-                "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl}
+                "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl,
+                "gated_value": gated_value, "gate_suffix": gate_suffix, "up_suffix": up_suffix,
+                "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": SWIGLU_LIMIT}

@@ -130,6 +130,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons = common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + tuning_reasons(t)
     moe = compute.gemm in MOE_GEMMS
     gather = compute.gemm == "indexed"  # rows through the routing; grouped types read row windows
+    if compute.epilogue_activation is not None and not gather:
+        reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r} needs gemm='indexed' (MoE GEMM1: "
+                       f"gate and up rows interleaved by 8 in each 16-row tile), got gemm={compute.gemm!r}")
+    if compute.epilogue_activation is not None and layer.n % 16:
+        reasons.append(f"compute.epilogue_activation needs whole 16-row tiles of gate and up rows: n={layer.n} is "
+                       f"not a multiple of 16")
     if compute.topk_weight and not gather:
         reasons.append(f"compute.topk_weight with gemm={compute.gemm!r}: the router weights are applied by the "
                        f"caller's combine step for grouped layouts (only 'indexed' multiplies them)")
@@ -182,7 +188,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKReduce(split_k=t.split_k))
     out_scale = has_out_scale(s)
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias,
-                                row_map=gather, topk_weight=compute.topk_weight))
+                                row_map=gather, topk_weight=compute.topk_weight,
+                                gated=compute.epilogue_activation or ""))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     expert_group_bytes = (group.rows if group else 0) * n_pad * 2
     expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes, "b_zero": expert_group_bytes,
@@ -192,7 +199,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pdl = target.has("pdl")
     moe_suffix = {"indexed": "_moe", "grouped_masked": "_moe_masked", "grouped_contiguous": "_moe_contiguous"}
     name = kernel_name(layer, t, target, suffix=(moe_suffix[compute.gemm] + ("_topkw" if compute.topk_weight else "")
-                                                 if moe else ""))
+                                                 + (f"_{compute.epilogue_activation}"
+                                                    if compute.epilogue_activation else "") if moe else ""))
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 convert_in_extract=convert_in_extract,
