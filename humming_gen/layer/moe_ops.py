@@ -213,15 +213,17 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
         layer's tiles (`layer.block_m(M, top_k)` is the one its own forward uses); sentinel entries hold
         M * top_k; at least M * top_k + min(E, M * top_k) * (block_m - 1) (floored to block_m) entries, as vLLM's
         moe_align_block_size allocates; entries at or past the total are not read.
-    layout: "indexed" only. The "grouped_contiguous" (pre-permuted segments, DeepGEMM contiguous) and
-        "grouped_masked" ([E, max_m, K] with per-expert counts, DeepEP low-latency) layouts are not generated yet.
+    layout: "indexed" only. "grouped_contiguous" (pre-permuted segments, DeepGEMM contiguous) and "grouped_masked"
+        ([E, max_m, K] with per-expert counts, DeepEP low-latency) are refused: their kernels compose
+        (ComputeConfig(gemm=...), Launcher.grouped) but QuantMoE does not build or bind them yet.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; allowed: {LAYOUTS}")
     if layout != "indexed":
-        raise NotImplementedError(f"layout={layout!r}: grouped MoE GEMM kernels (grouped_contiguous, "
-                                  f"grouped_masked) are not generated yet; use layout='indexed' with sorted ids "
-                                  f"(humming_gen.moe_align) or the whole layer (humming_gen.fused_moe)")
+        raise NotImplementedError(f"layout={layout!r} is not served yet: QuantMoE builds indexed kernels only "
+                                  f"(grouped_contiguous / grouped_masked kernels compose, but no layer binds them); "
+                                  f"use layout='indexed' with sorted ids (humming_gen.moe_align) or the whole layer "
+                                  f"(humming_gen.fused_moe)")
     _check_layer(layer)
     for name, t in (("a", a), ("sorted_ids", sorted_ids), ("expert_ids", expert_ids),
                     ("num_tokens_post_pad", num_tokens_post_pad)):
