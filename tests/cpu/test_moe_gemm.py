@@ -161,3 +161,24 @@ def test_gated_epilogue_compiles_and_writes_half_the_columns(activation: str) ->
     ws = choose_tunings(dense, get_target("sm_90a")).for_m(1024)
     with pytest.raises(ComposeError, match="fuses no gated activation"):
         compose(dense, ComputeConfig(gemm="indexed", epilogue_activation=activation), ws, get_target("sm_90a"))
+
+
+@pytest.mark.parametrize("layout", ["split", "interleaved", "up_first"])
+def test_gate_up_tile_order_puts_gate_and_up_of_a_feature_eight_rows_apart(layout: str) -> None:
+    from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
+    from humming_gen.reference.moe import gated_activation
+
+    i = 24
+    order = gate_up_tile_order(i, layout)
+    assert sorted(order.tolist()) == list(range(2 * i))
+    h = torch.randn(3, 2 * i, dtype=torch.float64)
+    tiled = h[:, order].view(3, -1, 2, 8)  # [tile][gate / up][g]
+    expected = gated_activation(h, "silu_mul", layout)
+    assert torch.allclose(torch.nn.functional.silu(tiled[:, :, 0]) * tiled[:, :, 1], expected.view(3, -1, 8))
+    torch.manual_seed(2)
+    q = hg.QuantScheme("uint4", group_size=32, zero_point="int").quantize(torch.randn(2, 2 * i, 64))
+    p = permute_rows(q, order)
+    assert torch.equal(p.dequantize(), q.dequantize()[:, order])
+    with pytest.raises(ValueError, match="block-scaled"):
+        permute_rows(hg.QuantScheme("float8e4m3", block_size=(16, 32), scale_dtype="float32").quantize(
+            torch.randn(2, 2 * i, 64)), order)

@@ -214,3 +214,43 @@ def test_grouped_contiguous_segments():
     ref = torch.cat([a[offsets[j]:offsets[j + 1]].double() @ w[j].T for j in range(e)])
     assert torch.isfinite(out[:m]).all() and torch.isnan(out[m:]).all()
     assert _rel(out[:m], ref) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("activation, layout", [("silu_mul", "split"), ("gelu_mul", "up_first"),
+                                                ("swiglu_oai", "interleaved")])
+def test_fused_gated_epilogue(activation, layout):
+    """GEMM1 with the gated activation in its epilogue: w13 rows put in tile order (gate and up of a feature 8 rows
+    apart), output (M * top_k, I) poisoned; routed rows match act(x @ w13_e^T + b13_e) in float64, others stay NaN."""
+    import attrs
+
+    from humming_gen.codegen import compose
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.kernel import build_many
+    from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
+    from humming_gen.layer.moe import prepare_moe_weight
+    from humming_gen.reference.moe import gated_activation
+
+    torch.manual_seed(21)
+    e, i, h, top_k, m = 8, 256, 512, 2, 150
+    q13 = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.05)
+    b13 = (torch.randn(e, 2 * i, device="cuda") * 0.5).bfloat16()
+    order = gate_up_tile_order(i, layout).cuda()
+    layer = LayerConfig(n=2 * i, k=h, scheme=q13.scheme, num_experts=e, has_bias=True)
+    target = hg.Target.current()
+    tuning = attrs.evolve(choose_tunings(layer, target, pipeline="standard").for_m(m * top_k // e), split_k=1)
+    plan = compose(layer, ComputeConfig(gemm="indexed", epilogue_activation=activation), tuning, target)
+    launcher = build_many([plan])[0].bind(prepare_moe_weight(plan, permute_rows(q13, order), "cuda"),
+                                          b13[:, order].contiguous(), torch.device("cuda"), None)
+    x = torch.randn(m, h, device="cuda").bfloat16() * 4  # large enough for swiglu's clamps to act
+    _, ids = _routing(m, e, top_k, drop=0.2)
+    routing = hg.moe_align(ids, e, tuning.block_m)
+    out = torch.full((m * top_k, i), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launcher.moe(x, out, routing, top_k)
+    expert = local_experts(ids, e).reshape(-1)
+    routed = expert >= 0
+    rows = (torch.arange(m * top_k, device="cuda") // top_k)[routed]
+    pre = torch.einsum("ak,ank->an", x.double()[rows], q13.dequantize().double()[expert[routed]])
+    ref = gated_activation(pre + b13.double()[expert[routed]], activation, layout)
+    assert torch.isfinite(out[routed]).all() and torch.isnan(out[~routed]).all()
+    assert _rel(out[routed], ref) < TOLERANCE[torch.bfloat16]
