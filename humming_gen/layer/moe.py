@@ -13,6 +13,7 @@ import torch
 
 import humming_gen.layer.moe_ops  # noqa: F401  (registers the humming_gen::fused_moe / moe_gemm ops)
 from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.schemes import QuantizedWeight, QuantScheme
@@ -33,6 +34,20 @@ def expert_weight(qw: QuantizedWeight, e: int) -> QuantizedWeight:
                          "activation row for every expert; convert the checkpoint without act-order")
     return QuantizedWeight(scheme=qw.scheme, codes=qw.codes[e], scales=qw.scales[e], zero_points=pick(qw.zero_points),
                            global_scale=pick(qw.global_scale), channel_scale=pick(qw.channel_scale))
+
+
+def fused_activation_reasons(q13: QuantizedWeight, activation: str, swiglu_alpha: float,
+                             swiglu_limit: float) -> list[str]:
+    """Why GEMM1 cannot apply the gated activation in its epilogue for this weight (empty: it can)."""
+    from humming_gen.components.epilogue.output import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+    reasons = []
+    if q13.scheme.granularity == "block":
+        reasons.append(f"w13's {q13.scheme.block_size} block scales cannot follow the tile order of gate/up rows")
+    if activation == "swiglu_oai" and (swiglu_alpha, swiglu_limit) != (SWIGLU_ALPHA, SWIGLU_LIMIT):
+        reasons.append(f"the fused swiglu uses alpha={SWIGLU_ALPHA}, limit={SWIGLU_LIMIT}; got alpha={swiglu_alpha}, "
+                       f"limit={swiglu_limit}")
+    return reasons
 
 
 def prepare_moe_weight(plan, qw: QuantizedWeight, device: torch.device | str) -> PreparedWeight:
@@ -56,13 +71,15 @@ class QuantMoE(torch.nn.Module):
     call with (x, topk_weights, topk_ids, expert_map=None).
 
     Kernels: the standard pipeline's indexed GEMMs, one pair per bucket of rows per expert (M * top_k / E), all
-    compiled at construction; no host synchronisation in forward (routing counts stay on the GPU)."""
+    compiled at construction; no host synchronisation in forward (routing counts stay on the GPU).
+    fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
+    tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings
@@ -103,10 +120,21 @@ class QuantMoE(torch.nn.Module):
                     raise ValueError(f"{name} must have shape ({num_experts}, {n}), got {tuple(bias.shape)}")
                 biases[name] = bias.detach().to(self.device, dtype).contiguous()
         self.bias13, self.bias2 = biases.get("bias13"), biases.get("bias2")
+        self.fused_activation = fused_activation
+        if fused_activation:
+            reasons = fused_activation_reasons(q13, activation, swiglu_alpha, swiglu_limit)
+            if reasons:
+                raise ValueError("fused_activation=True: " + "; ".join(reasons))
+            # gate and up of each feature 8 rows apart in every 16-row tile (humming_gen.layer.gate_up)
+            order = gate_up_tile_order(self.intermediate, gate_up_layout)
+            q13 = permute_rows(q13, order)
+            if self.bias13 is not None:
+                self.bias13 = self.bias13[:, order.to(self.device)].contiguous()
 
         layers = [LayerConfig(n=q.n, k=q.k, scheme=q.scheme, num_experts=num_experts, has_bias=b is not None,
                               dtype=_DTYPE_NAME[dtype]) for q, b in ((q13, self.bias13), (q2, self.bias2))]
-        computes = [ComputeConfig(gemm="indexed"), ComputeConfig(gemm="indexed", topk_weight=True)]
+        computes = [ComputeConfig(gemm="indexed", epilogue_activation=activation if fused_activation else None),
+                    ComputeConfig(gemm="indexed", topk_weight=True)]
         # buckets of expected rows per expert; every bucket of a GEMM shares its weight layout (one packed copy)
         plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         self.buckets = [m for m, _ in plans[0].buckets]
@@ -224,11 +252,15 @@ class QuantMoE(torch.nn.Module):
         bucket = self.bucket_for(m, top_k)
         gemm1, gemm2 = self._launchers[bucket]
         routing = moe_align(topk_ids.contiguous(), self.num_experts, gemm1.kernel.plan.tuning.block_m, expert_map)
-        h = torch.empty(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
-        gemm1.moe(x, h, routing, top_k)
+        if self.fused_activation:  # GEMM1 writes act(gate, up) itself
+            act = torch.empty(m * top_k, self.intermediate, dtype=self.dtype, device=self.device)
+            gemm1.moe(x, act, routing, top_k)
+        else:
+            h = torch.empty(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
+            gemm1.moe(x, h, routing, top_k)
+            act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
+                                   self.swiglu_limit).to(self.dtype)
         # rows of skipped assignments hold garbage: GEMM2 reads only the routed rows
-        act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
-                               self.swiglu_limit).to(self.dtype)
         y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
         gemm2.moe(act, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1))
         out.copy_(torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32))
@@ -240,6 +272,10 @@ class QuantMoE(torch.nn.Module):
         their own routing, padded to block_m)."""
         if weight not in ("w13", "w2"):
             raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+        if weight == "w13" and self.fused_activation:
+            raise ValueError("this layer's w13 GEMM applies the gated activation in its epilogue (fused_activation="
+                             "True) and holds gate/up rows in tile order; build the layer with fused_activation=False "
+                             "to run the gate/up GEMM alone")
         index = 0 if weight == "w13" else 1
         tiles = self.block_ms
         if block_m not in tiles:

@@ -182,3 +182,27 @@ def test_gate_up_tile_order_puts_gate_and_up_of_a_feature_eight_rows_apart(layou
     with pytest.raises(ValueError, match="block-scaled"):
         permute_rows(hg.QuantScheme("float8e4m3", block_size=(16, 32), scale_dtype="float32").quantize(
             torch.randn(2, 2 * i, 64)), order)
+
+
+def test_quant_moe_fused_activation_keeps_tile_order_and_refuses_what_it_cannot_fuse() -> None:
+    from humming_gen.layer.gate_up import gate_up_tile_order
+
+    torch.manual_seed(4)
+    w13, w2 = torch.randn(4, 2 * 128, 256) * 0.05, torch.randn(4, 256, 128) * 0.05
+    b13 = torch.randn(4, 256)
+    fused = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13,
+                                activation="gelu_mul", gate_up_layout="interleaved", fused_activation=True)
+    plain = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13,
+                                activation="gelu_mul", gate_up_layout="interleaved")
+    order = gate_up_tile_order(128, "interleaved")
+    assert torch.equal(fused.bias13, plain.bias13[:, order])
+    assert all(g.kernel.plan.compute.epilogue_activation == "gelu_mul" for g, _ in fused._launchers)
+    assert all(g.kernel.plan.compute.epilogue_activation is None for g, _ in plain._launchers)
+    with pytest.raises(ValueError, match="fused_activation=True"):
+        fused.launcher_for("w13", 8, fused.block_ms[0])
+    with pytest.raises(ValueError, match="block scales"):
+        QuantMoE.from_float(w13, w2, hg.QuantScheme("float8e4m3", block_size=(128, 128), scale_dtype="float32"),
+                            target="sm_90a", device="cpu", fused_activation=True)
+    with pytest.raises(ValueError, match="alpha=1.702"):
+        QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", activation="swiglu_oai",
+                            swiglu_alpha=1.5, fused_activation=True)

@@ -33,7 +33,7 @@ CASES = [
 ]
 
 
-def _layer(case, seed=0):
+def _layer(case, seed=0, fused=False):
     cid, scheme, dtype, e, h, i, top_k, act, layout, biases = case
     torch.manual_seed(seed)
     s = hg.QuantScheme(**SCHEMES[scheme])
@@ -42,7 +42,7 @@ def _layer(case, seed=0):
     b13 = (torch.randn(e, 2 * i, device="cuda") * 0.1).to(dtype) if biases else None
     b2 = (torch.randn(e, h, device="cuda") * 0.1).to(dtype) if biases else None
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=act, gate_up_layout=layout, bias13=b13, bias2=b2,
-                                     dtype=dtype)
+                                     dtype=dtype, fused_activation=fused)
     return moe, q13, q2, b13, b2
 
 
@@ -58,9 +58,10 @@ def _rel(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-activation", "fused-activation"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_quant_moe_matches_reference(case):
-    moe, q13, q2, b13, b2 = _layer(case)
+def test_quant_moe_matches_reference(case, fused):
+    moe, q13, q2, b13, b2 = _layer(case, fused=fused)
     dtype, top_k = case[2], case[6]
     w13, w2 = q13.dequantize().double(), q2.dequantize().double()
     errors = {}
