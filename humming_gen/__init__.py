@@ -38,6 +38,7 @@ _EXPORTS = {
     "QuantMoE": "humming_gen.layer.moe",
     "fused_moe": "humming_gen.layer.moe_ops",
     "moe_gemm": "humming_gen.layer.moe_ops",
+    "grouped_moe_gemm": "humming_gen.layer.moe_ops",
     "quantize_model": "humming_gen.layer.model",
     "load_quantized_model": "humming_gen.layer.model",
     "QuantizeReport": "humming_gen.layer.model",

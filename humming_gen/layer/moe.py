@@ -145,6 +145,9 @@ class QuantMoE(torch.nn.Module):
         self.w13 = prepare_moe_weight(composed[0][0], q13, self.device)
         self.w2 = prepare_moe_weight(composed[1][0], q2, self.device)
         self._kernels = list(zip(k13, k2))
+        self._layer_configs = layers
+        self._compiler = compiler
+        self._grouped: dict[tuple[str, str, int], object] = {}  # (weight, gemm, bucket) -> bound launcher
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
@@ -284,6 +287,33 @@ class QuantMoE(torch.nn.Module):
         preferred = self.bucket_for(rows, 1)
         bucket = preferred if tiles[preferred] == block_m else tiles.index(block_m)
         return self._launchers[bucket][index]
+
+    def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int):
+        """The bound launcher of a grouped MoE kernel ("grouped_masked" or "grouped_contiguous") for GEMM `weight`,
+        tiled for about `rows_per_expert` rows per expert; compiled on first use (warm up before a CUDA graph
+        capture). It reads the layer's packed weights: the bucket's tuning composed for the grouped gemm type."""
+        from humming_gen.codegen import compose
+        from humming_gen.kernel import build_many
+
+        if weight not in ("w13", "w2"):
+            raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+        if gemm not in ("grouped_masked", "grouped_contiguous"):
+            raise ValueError(f"gemm={gemm!r}; allowed: 'grouped_masked', 'grouped_contiguous'")
+        if weight == "w13" and self.fused_activation:
+            raise ValueError("this layer's w13 holds gate/up rows in tile order for its fused activation; build it "
+                             "with fused_activation=False to run grouped gate/up GEMMs")
+        bucket = self.bucket_for(max(1, rows_per_expert) * self.num_experts, 1)
+        key = (weight, gemm, bucket)
+        launcher = self._grouped.get(key)
+        if launcher is None:
+            index = 0 if weight == "w13" else 1
+            tuning = self._kernels[bucket][index].plan.tuning
+            plan = compose(self._layer_configs[index], ComputeConfig(gemm=gemm), tuning, self.target)
+            kernel = build_many([plan], compiler=self._compiler)[0]
+            launcher = kernel.bind(self.w13 if index == 0 else self.w2, self.bias13 if index == 0 else self.bias2,
+                                   self.device, None)
+            self._grouped[key] = launcher
+        return launcher
 
     @property
     def block_ms(self) -> list[int]:

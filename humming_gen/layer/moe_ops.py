@@ -213,17 +213,14 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
         layer's tiles (`layer.block_m(M, top_k)` is the one its own forward uses); sentinel entries hold
         M * top_k; at least M * top_k + min(E, M * top_k) * (block_m - 1) (floored to block_m) entries, as vLLM's
         moe_align_block_size allocates; entries at or past the total are not read.
-    layout: "indexed" only. "grouped_contiguous" (pre-permuted segments, DeepGEMM contiguous) and "grouped_masked"
-        ([E, max_m, K] with per-expert counts, DeepEP low-latency) are refused: their kernels compose
-        (ComputeConfig(gemm=...), Launcher.grouped) but QuantMoE does not build or bind them yet.
+    layout: "indexed"; the grouped layouts (pre-permuted segments, DeepEP's [E, max_m, K]) take no sorted ids:
+        use `grouped_moe_gemm`.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; allowed: {LAYOUTS}")
     if layout != "indexed":
-        raise NotImplementedError(f"layout={layout!r} is not served yet: QuantMoE builds indexed kernels only "
-                                  f"(grouped_contiguous / grouped_masked kernels compose, but no layer binds them); "
-                                  f"use layout='indexed' with sorted ids (humming_gen.moe_align) or the whole layer "
-                                  f"(humming_gen.fused_moe)")
+        raise ValueError(f"layout={layout!r} takes per-expert counts or offsets, not sorted ids: call "
+                         f"humming_gen.grouped_moe_gemm(a, layer, weight, expert_layout, layout={layout!r})")
     _check_layer(layer)
     for name, t in (("a", a), ("sorted_ids", sorted_ids), ("expert_ids", expert_ids),
                     ("num_tokens_post_pad", num_tokens_post_pad)):
@@ -237,4 +234,54 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
         out = a.new_empty(a.shape[0] * top_k, 2 * layer.intermediate if weight == "w13" else layer.hidden)
     torch.ops.humming_gen.moe_gemm(a, out, layer._op_id, weight, sorted_ids, expert_ids, num_tokens_post_pad,
                                    top_k, block_m, topk_weights)
+    return out
+
+
+def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_layout: torch.Tensor, *, layout: str,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """One MoE GEMM of `layer` on rows already grouped by expert (no router weights: the caller's combine applies
+    them). Eager only; its kernel compiles on the first call of each (weight, layout, tile).
+
+    layout="grouped_masked": a (E, max_m, K) (DeepEP low-latency dispatch), expert_layout (E,) int32 rows in use per
+        expert; out (E, max_m, N), rows past an expert's count not written.
+    layout="grouped_contiguous": a (R, K) with expert e's rows [expert_layout[e], expert_layout[e + 1]) (E + 1
+        int32 offsets, DeepGEMM's contiguous layout without padding); out (R, N).
+    weight: "w13" (N = 2I) or "w2" (N = H).
+    """
+    if layout not in ("grouped_masked", "grouped_contiguous"):
+        raise ValueError(f"layout={layout!r}; allowed: 'grouped_masked', 'grouped_contiguous' (sorted ids: moe_gemm)")
+    _check_layer(layer)
+    if weight not in _WEIGHTS:
+        raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+    e = layer.num_experts
+    n, k = (2 * layer.intermediate, layer.hidden) if weight == "w13" else (layer.hidden, layer.intermediate)
+    for name, t in (("a", a), ("expert_layout", expert_layout)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != layer.device:
+            raise ValueError(f"{name} is on {t.device}; the layer is on {layer.device}")
+    if a.dtype != layer.dtype or not a.is_contiguous():
+        raise ValueError(f"a must be a contiguous {layer.dtype} tensor, got {a.dtype} with strides {a.stride()}")
+    want = (e,) if layout == "grouped_masked" else (e + 1,)
+    if expert_layout.dtype != torch.int32 or tuple(expert_layout.shape) != want or not expert_layout.is_contiguous():
+        raise ValueError(f"expert_layout must be a contiguous int32 tensor of shape {want} for {layout}, got "
+                         f"{expert_layout.dtype} {tuple(expert_layout.shape)}")
+    if layout == "grouped_masked":
+        if a.dim() != 3 or a.shape[0] != e or a.shape[2] != k:
+            raise ValueError(f"a must be (E={e}, max_m, K={k}) for grouped_masked, got {tuple(a.shape)}")
+        rows, per_expert = a.shape[0] * a.shape[1], a.shape[1]
+        shape = (e, a.shape[1], n)
+    else:
+        if a.dim() != 2 or a.shape[1] != k:
+            raise ValueError(f"a must be (R, K={k}) for grouped_contiguous, got {tuple(a.shape)}")
+        rows, per_expert = a.shape[0], -(-a.shape[0] // e)
+        shape = (a.shape[0], n)
+    if out is None:
+        out = a.new_empty(shape)
+    elif tuple(out.shape) != shape or out.dtype != layer.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {layer.dtype} tensor of shape {shape}, got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    if rows:
+        launcher = layer.grouped_launcher(weight, layout, per_expert)
+        launcher.grouped(a.reshape(rows, k), out.view(rows, n), expert_layout)
     return out

@@ -220,8 +220,15 @@ def test_moe_gemm_refusals(built):
     r = hg.moe_align(ids, E, bm)
     args = (r.sorted_ids, r.expert_ids, r.num_tokens_post_pad)
     for layout in ("grouped_contiguous", "grouped_masked"):
-        with pytest.raises(NotImplementedError, match=f"layout='{layout}' is not served yet"):
+        with pytest.raises(ValueError, match=f"call humming_gen.grouped_moe_gemm.*layout='{layout}'"):
             hg.moe_gemm(x, moe, "w13", *args, top_k=TOP_K, block_m=bm, layout=layout)
+    counts = torch.zeros(E, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"a must be \(E=.*grouped_masked"):
+        hg.grouped_moe_gemm(x, moe, "w13", counts, layout="grouped_masked")
+    with pytest.raises(ValueError, match=rf"expert_layout must be a contiguous int32 tensor of shape \({E + 1},\)"):
+        hg.grouped_moe_gemm(x, moe, "w13", counts, layout="grouped_contiguous")
+    with pytest.raises(ValueError, match="allowed: 'grouped_masked', 'grouped_contiguous'"):
+        hg.grouped_moe_gemm(x, moe, "w13", counts, layout="indexed")
     with pytest.raises(ValueError, match="layout='scatter'; allowed"):
         hg.moe_gemm(x, moe, "w13", *args, top_k=TOP_K, block_m=bm, layout="scatter")
     with pytest.raises(ValueError, match="weight='w1'; allowed"):

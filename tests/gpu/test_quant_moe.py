@@ -255,3 +255,29 @@ def test_fused_gated_epilogue(activation, layout):
     ref = gated_activation(pre + b13.double()[expert[routed]], activation, layout)
     assert torch.isfinite(out[routed]).all() and torch.isnan(out[~routed]).all()
     assert _rel(out[routed], ref) < TOLERANCE[torch.bfloat16]
+
+
+def test_grouped_moe_gemm_through_the_layer():
+    """humming_gen.grouped_moe_gemm on a QuantMoE's own weights: masked (E, max_m, K) with counts for w13, contiguous
+    segments for w2, each against the float64 per-expert product (+ bias)."""
+    case = CASES[1]
+    moe, q13, q2, b13, b2 = _layer(case, seed=13)
+    e, dtype = moe.num_experts, case[2]
+    max_m = 24
+    counts = torch.randint(0, max_m + 1, (e,), device="cuda", dtype=torch.int32)
+    counts[2] = 0
+    a = torch.randn(e, max_m, moe.hidden, device="cuda").to(dtype)
+    out = hg.grouped_moe_gemm(a, moe, "w13", counts, layout="grouped_masked")
+    w13, w2 = q13.dequantize().double(), q2.dequantize().double()
+    for j in range(e):
+        c = int(counts[j])
+        if c:
+            ref = a[j, :c].double() @ w13[j].T + b13[j].double()
+            assert _rel(out[j, :c], ref) < TOLERANCE[dtype], f"masked expert {j}"
+    offsets = torch.zeros(e + 1, dtype=torch.int32)
+    offsets[1:] = torch.cumsum(counts.cpu(), 0)
+    rows = int(offsets[-1])
+    a2 = torch.randn(rows, moe.intermediate, device="cuda").to(dtype)
+    out2 = hg.grouped_moe_gemm(a2, moe, "w2", offsets.cuda(), layout="grouped_contiguous")
+    ref2 = torch.cat([a2[offsets[j]:offsets[j + 1]].double() @ w2[j].T + b2[j].double() for j in range(e)])
+    assert _rel(out2, ref2) < TOLERANCE[dtype]
