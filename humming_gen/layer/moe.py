@@ -138,6 +138,11 @@ class QuantMoE(torch.nn.Module):
         # buckets of expected rows per expert; every bucket of a GEMM shares its weight layout (one packed copy)
         plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         self.buckets = [m for m, _ in plans[0].buckets]
+        # both GEMMs read one routing per batch, padded to one token tile: their buckets must agree
+        tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
+        if tiles[0] != tiles[1]:
+            raise ValueError(f"the gate/up and down GEMMs' heuristics chose different M buckets or token tiles "
+                             f"({tiles[0]} vs {tiles[1]}); one moe_align routing cannot serve both")
         composed = [[compose(layer, compute, attrs.evolve(t, split_k=1), self.target) for _, t in plan.buckets]
                     for layer, compute, plan in zip(layers, computes, plans)]
         kernels = build_many(composed[0] + composed[1], compiler=compiler)
