@@ -206,3 +206,22 @@ def test_quant_moe_fused_activation_keeps_tile_order_and_refuses_what_it_cannot_
     with pytest.raises(ValueError, match="alpha=1.702"):
         QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", activation="swiglu_oai",
                             swiglu_alpha=1.5, fused_activation=True)
+
+
+def test_quant_moe_refuses_gemms_that_tile_m_differently(monkeypatch) -> None:
+    """Both GEMMs read one routing padded to one token tile: a heuristic that tiles w2 otherwise is refused."""
+    import humming_gen.heuristics as heuristics
+    from humming_gen.pipelines.base import TuningPlan
+
+    real = heuristics.choose_tunings
+
+    def skewed(layer, target, **kwargs):
+        plan = real(layer, target, **kwargs)
+        if layer.n == 256 and layer.k == 128:  # the down GEMM below
+            plan = TuningPlan(tuple((m, attrs.evolve(t, block_m=2 * t.block_m)) for m, t in plan.buckets))
+        return plan
+
+    monkeypatch.setattr(heuristics, "choose_tunings", skewed)
+    with pytest.raises(ValueError, match="different M buckets or token tiles"):
+        QuantMoE.from_float(torch.randn(2, 2 * 128, 256) * 0.05, torch.randn(2, 256, 128) * 0.05,
+                            "w4a16-int4-g128", target="sm_90a", device="cpu")
