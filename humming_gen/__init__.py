@@ -36,6 +36,7 @@ _EXPORTS = {
     "compile": "humming_gen.kernel",
     "QuantLinear": "humming_gen.layer.linear",
     "QuantMoE": "humming_gen.layer.moe",
+    "shard_moe": "humming_gen.layer.moe_shard",
     "fused_moe": "humming_gen.layer.moe_ops",
     "moe_gemm": "humming_gen.layer.moe_ops",
     "grouped_moe_gemm": "humming_gen.layer.moe_ops",

@@ -281,3 +281,24 @@ def test_grouped_moe_gemm_through_the_layer():
     out2 = hg.grouped_moe_gemm(a2, moe, "w2", offsets.cuda(), layout="grouped_contiguous")
     ref2 = torch.cat([a2[offsets[j]:offsets[j + 1]].double() @ w2[j].T + b2[j].double() for j in range(e)])
     assert _rel(out2, ref2) < TOLERANCE[dtype]
+
+
+def test_tensor_parallel_shards_sum_to_the_layer():
+    """Two QuantMoE shards (humming_gen.shard_moe) on one GPU: their outputs summed (the all-reduce of tensor
+    parallelism) match the unsharded layer."""
+    case = CASES[3]  # mxfp4, swiglu, interleaved gate/up, biases
+    moe, q13, q2, b13, b2 = _layer(case, seed=17)
+    m, top_k = 37, case[6]
+    x = torch.randn(m, moe.hidden, device="cuda").bfloat16()
+    weights, ids = _routing(m, moe.num_experts, top_k)
+    total = torch.zeros(m, moe.hidden, dtype=torch.float64, device="cuda")
+    for rank in range(2):
+        s = hg.shard_moe(q13, q2, rank, 2, gate_up_layout=moe.gate_up_layout, bias13=b13, bias2=b2)
+        part = hg.QuantMoE.from_quantized(s.q13, s.q2, activation=moe.activation, gate_up_layout=moe.gate_up_layout,
+                                          bias13=s.bias13, bias2=s.bias2)
+        total += part(x, weights, ids).double()
+    ref = reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(), weights.double(), ids,
+                              activation=moe.activation, gate_up_layout=moe.gate_up_layout, bias13=b13.double(),
+                              bias2=b2.double())
+    assert _rel(total, ref) < TOLERANCE[torch.bfloat16]
+    assert _rel(moe(x, weights, ids), ref) < TOLERANCE[torch.bfloat16]
