@@ -11,9 +11,9 @@ from __future__ import annotations
 import attrs
 import torch
 
+from humming_gen.reference.moe import GATE_UP_LAYOUTS
 from humming_gen.schemes import QuantizedWeight
 
-GATE_UP_LAYOUTS = ("split", "interleaved", "up_first")
 
 
 def gate_up_tile_order(intermediate: int, layout: str = "split") -> torch.Tensor:

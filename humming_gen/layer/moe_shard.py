@@ -14,9 +14,9 @@ from typing import NamedTuple
 import attrs
 import torch
 
+from humming_gen.reference.moe import GATE_UP_LAYOUTS
 from humming_gen.schemes import QuantizedWeight
 
-GATE_UP_LAYOUTS = ("split", "interleaved", "up_first")
 
 
 class MoeShard(NamedTuple):
