@@ -15,7 +15,6 @@ from humming_gen.reference.moe import GATE_UP_LAYOUTS
 from humming_gen.schemes import QuantizedWeight
 
 
-
 def gate_up_tile_order(intermediate: int, layout: str = "split") -> torch.Tensor:
     """(2I,) source row of each row of the tile-interleaved w13 (I a multiple of 8)."""
     if layout not in GATE_UP_LAYOUTS:

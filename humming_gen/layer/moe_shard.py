@@ -18,7 +18,6 @@ from humming_gen.reference.moe import GATE_UP_LAYOUTS
 from humming_gen.schemes import QuantizedWeight
 
 
-
 class MoeShard(NamedTuple):
     """One rank's weights: q13 (E, 2 I / world, H) in the layout it came in, q2 (E, H, I / world), bias13 of those
     rows, bias2 on rank 0 only (the ranks' outputs are summed)."""
