@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from humming_gen.codegen import standalone
 from humming_gen.components.base import Component
 from humming_gen.components.ptx.wrappers import GridDependency
 from humming_gen.targets import Target
@@ -185,51 +186,15 @@ def param_fields(cfg: AlignConfig) -> list[tuple[str, str, str]]:
     return fields
 
 
-CTYPE_FORMAT = {"const void*": "Q", "int*": "Q", "const int*": "Q", "int": "i"}
-
-
 def params_struct(cfg: AlignConfig) -> struct.Struct:
     """struct.Struct packing Params with C alignment (8-byte fields aligned, tail padded to 8)."""
-    fmt, size = "<", 0
-    for _, ctype, _ in param_fields(cfg):
-        code = CTYPE_FORMAT[ctype]
-        width = struct.calcsize(code)
-        pad = (-size) % width
-        fmt += "x" * pad + code
-        size += pad + width
-    return struct.Struct(fmt + "x" * ((-size) % 8))
+    return standalone.params_struct(param_fields(cfg))
 
 
 def generate(cfg: AlignConfig, compiler: str | None = None) -> str:
     """The kernel's complete .cu (deterministic)."""
-    from humming_gen.codegen.render import environment
-    from humming_gen.runtime import compiler_version
-    from humming_gen.runtime.compile import resolve_compiler, resolve_options
-
-    name = resolve_compiler(compiler)
-    try:
-        version = compiler_version(name)
-        options = " ".join(resolve_options(cfg.target.arch, name))
-    except Exception:  # no compiler for this arch here: the source is still generated
-        version, options = name, "(not compiled here)"
-    env = environment()
-    comps = components(cfg)
-    header = env.get_template("moe/header.cuh.j2").render(
-        version=VERSION, kernel_name=cfg.kernel_name, key=cfg.key(), summary=cfg.summary(), target=cfg.target.name,
-        compiler=version, options=options, components=[c.describe() for c in comps],
-        config_json=json.dumps(cfg.to_dict(), sort_keys=True))
-    parts = ["\nnamespace hg {\n"]
-    family = None
-    for c in comps:
-        if c.family != family:
-            family = c.family
-            parts.append(f"\n// ======================================== {family}\n")
-        parts.append(f"\n// ---- {c.describe()}\n{env.get_template(c.template).render(**c.context())}")
-    parts.append("\n}  // namespace hg\n")
-    body = "".join(parts)
-    used = [c for c in constants(cfg) if re.search(rf"cfg::{c[0]}\b", body)]
-    return "".join([header, env.get_template("constants.cuh.j2").render(constants=used),
-                    env.get_template("params.cuh.j2").render(fields=param_fields(cfg)), body])
+    return standalone.render_source(cfg, "moe/header.cuh.j2", VERSION, components(cfg), constants(cfg), param_fields(cfg),
+                                    compiler)
 
 
 @functools.lru_cache(maxsize=64)

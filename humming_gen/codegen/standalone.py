@@ -1,0 +1,57 @@
+"""Sources and argument packing of the standalone kernel families (activation quantization, MoE routing): a header
+template, the used `cfg::` constants, the `Params` struct and each component's template, like the GEMMs' sources."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any, Sequence
+
+CTYPE_FORMAT = {"const void*": "Q", "void*": "Q", "unsigned char*": "Q", "const float*": "Q", "float*": "Q",
+                "int*": "Q", "const int*": "Q", "long long": "q", "int": "i"}
+
+
+def params_struct(fields: Sequence[tuple[str, str, str]]) -> struct.Struct:
+    """struct.Struct packing (name, C type, comment) fields with C alignment (8-byte fields aligned, tail padded)."""
+    fmt, size = "<", 0
+    for _, ctype, _ in fields:
+        code = CTYPE_FORMAT[ctype]
+        width = struct.calcsize(code)
+        pad = (-size) % width
+        fmt += "x" * pad + code
+        size += pad + width
+    return struct.Struct(fmt + "x" * ((-size) % 8))
+
+
+def render_source(cfg: Any, header_template: str, version: str, components: Sequence[Any],
+                  constants: Sequence[tuple], fields: Sequence[tuple[str, str, str]], compiler: str | None) -> str:
+    """The complete .cu of one standalone kernel (deterministic): header with the config, the constants the body
+    reads, Params, then the components by family."""
+    from humming_gen.codegen.render import environment
+    from humming_gen.runtime import compiler_version
+    from humming_gen.runtime.compile import resolve_compiler, resolve_options
+
+    name = resolve_compiler(compiler)
+    try:
+        compiler_line = compiler_version(name)
+        options = " ".join(resolve_options(cfg.target.arch, name))
+    except Exception:  # no compiler for this arch here: the source is still generated
+        compiler_line, options = name, "(not compiled here)"
+    env = environment()
+    header = env.get_template(header_template).render(
+        version=version, kernel_name=cfg.kernel_name, key=cfg.key(), summary=cfg.summary(), target=cfg.target.name,
+        compiler=compiler_line, options=options, components=[c.describe() for c in components],
+        config_json=json.dumps(cfg.to_dict(), sort_keys=True))
+    parts = ["\nnamespace hg {\n"]
+    family = None
+    for c in components:
+        if c.family != family:
+            family = c.family
+            parts.append(f"\n// ======================================== {family}\n")
+        parts.append(f"\n// ---- {c.describe()}\n{env.get_template(c.template).render(**c.context())}")
+    parts.append("\n}  // namespace hg\n")
+    body = "".join(parts)
+    used = [c for c in constants if re.search(rf"cfg::{c[0]}\b", body)]
+    return "".join([header, env.get_template("constants.cuh.j2").render(constants=used),
+                    env.get_template("params.cuh.j2").render(fields=fields), body])
