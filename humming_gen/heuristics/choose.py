@@ -12,7 +12,7 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
-from humming_gen.targets import Target
+from humming_gen.targets import Target, get_target
 
 # The warp-specialized buckets start with the one ending at ws_from_m(layer) tokens; the standard pipeline keeps the
 # buckets that end below it. Measured on the H200 (bench/split_sweep.py, W4A16, graph us per layer), standard
@@ -34,12 +34,13 @@ def ws_from_m(layer: LayerConfig) -> int:
 PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 
 
-def choose_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None, batch_invariant: bool = False,
+def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | None = None, batch_invariant: bool = False,
                    stored: bool = True, **overrides) -> TuningPlan:
     """One TuningConfig per M bucket for `layer` on `target`: the built-in heuristics (`heuristic_tunings`), with
     the buckets `humming_gen.autotune` stored for this GPU and driver in their place (pipeline None, no
     overrides, `stored`; humming_gen/tuning/store.py), or one K summation order for every M with
     `batch_invariant` (humming_gen/heuristics/batch_invariant.py; pipeline None means standard)."""
+    target = get_target(target)
     if batch_invariant:
         if overrides:
             raise ValueError(f"batch_invariant=True takes no TuningConfig overrides, got {sorted(overrides)}")

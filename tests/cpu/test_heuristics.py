@@ -134,3 +134,12 @@ def test_warp_specialized_split_k_fills_one_wave(name: str) -> None:
         k_tiles = math.ceil(layer.k / tuning.block_k)
         room = units + plan.launch.units(m_max) // tuning.split_k <= target.sm_count
         assert not room or tuning.split_k in (k_tiles // MIN_SLICE_K_TILES, MAX_SPLIT), (m_max, tuning.summary())
+
+
+def test_choose_tunings_takes_a_target_name():
+    """README: choose_tunings(layer_config, target, pipeline="standard"); a name is looked up like compile's."""
+    layer = LayerConfig(n=4096, k=4096, scheme=QuantScheme("int4", group_size=128))
+    assert choose_tunings(layer, "sm_90a", pipeline="standard") == choose_tunings(
+        layer, get_target("sm_90a"), pipeline="standard")
+    with pytest.raises(ValueError, match="unknown target"):
+        choose_tunings(layer, "sm_99")
