@@ -11,8 +11,7 @@ import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
 from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROUTING, ROWS,
-                                        SCRATCH, TOP_K,
-                                        WEIGHT, KernelArg, PersistentLaunch)
+                                        SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
@@ -183,8 +182,6 @@ class Launcher:
     def __call__(self, a: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None = None) -> None:
         """Launch on (m, k) activations `a` into `out`; `a_scale`: the fp32 scales of quantized activations
         (codes in `a`, row stride in bytes), which kernels with 8-bit activations need and others do not take."""
-        from humming_gen.runtime import launch
-
         if (a_scale is None) != (self._a_scale_slot is None):
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
@@ -192,15 +189,21 @@ class Launcher:
         if self._routing_slots:
             raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
         m = a.shape[0]
-        if self._fn is None:
-            self._fn = self.kernel._function(self.device.index or 0)
         if self._scratch_slots and m > self._scratch_rows:
             self._grow_scratch(m)
+        if a_scale is not None:
+            self._values[self._a_scale_slot] = a_scale.data_ptr()
+        self._launch(a, out, m)
+
+    def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
+        """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
+        from humming_gen.runtime import launch
+
+        if self._fn is None:
+            self._fn = self.kernel._function(self.device.index or 0)
         values, at = self._values, self._per_call
         values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
-        if a_scale is not None:
-            values[self._a_scale_slot] = a_scale.data_ptr()
         launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                pdl=self._pdl)
 
@@ -209,8 +212,6 @@ class Launcher:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
         other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does."""
-        from humming_gen.runtime import launch
-
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -219,38 +220,24 @@ class Launcher:
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "it multiplies by the router weights; pass topk_weights" if topk_weights is None
                 else "topk_weights given, but this kernel does not multiply by them"))
-        m = out.shape[0]
-        if self._fn is None:
-            self._fn = self.kernel._function(self.device.index or 0)
-        values, at = self._values, self._per_call
-        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
-        values[at[ROWS]], values[at[LDA]], values[at[LDC]], values[at[TOP_K]] = m, a.stride(0), out.stride(0), top_k
+        values = self._values
+        values[self._per_call[TOP_K]] = top_k
         values[slots["sorted_ids"]] = routing.sorted_ids.data_ptr()
         values[slots["expert_ids"]] = routing.expert_ids.data_ptr()
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
-        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
-               pdl=self._pdl)
+        self._launch(a, out, out.shape[0])  # m counts assignment rows (rows of out)
 
     def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor) -> None:
         """Launch a grouped MoE kernel on rows of `a` into the same rows of `out`: grouped_masked, a and out are
         (E * max_m) rows and expert_layout (E,) int32 the rows of each expert in use (rows past it are not
         written); grouped_contiguous, expert e's rows are [expert_layout[e], expert_layout[e + 1])."""
-        from humming_gen.runtime import launch
-
         slot = self._routing_slots.get("expert_layout")
         if slot is None:
             raise ValueError(f"kernel {self.kernel.name} is not a grouped MoE kernel")
-        m = a.shape[0]
-        if self._fn is None:
-            self._fn = self.kernel._function(self.device.index or 0)
-        values, at = self._values, self._per_call
-        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
-        values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
-        values[slot] = expert_layout.data_ptr()
-        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
-               pdl=self._pdl)
+        self._values[slot] = expert_layout.data_ptr()
+        self._launch(a, out, a.shape[0])
 
 
 def generate(plan: KernelPlan, compiler: str | None = None) -> str:
