@@ -2,7 +2,8 @@
 points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
-persistent grid (more units than SMs); no clusters are launched). Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them."""
+persistent grid (more units than SMs); no clusters are launched). Prints the max relative error and the pipelines
+that ran, so a sanitizer log also shows them."""
 
 import attrs
 import torch

@@ -264,8 +264,8 @@ def params_struct(cfg: QuantizeConfig) -> struct.Struct:
 
 def generate(cfg: QuantizeConfig, compiler: str | None = None) -> str:
     """The kernel's complete .cu (deterministic)."""
-    return standalone.render_source(cfg, "activation/header.cuh.j2", VERSION, components(cfg), constants(cfg), param_fields(cfg),
-                                    compiler)
+    return standalone.render_source(cfg, "activation/header.cuh.j2", VERSION, components(cfg), constants(cfg),
+                                    param_fields(cfg), compiler)
 
 
 @functools.lru_cache(maxsize=256)

@@ -34,8 +34,8 @@ def ws_from_m(layer: LayerConfig) -> int:
 PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 
 
-def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | None = None, batch_invariant: bool = False,
-                   stored: bool = True, **overrides) -> TuningPlan:
+def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | None = None,
+                   batch_invariant: bool = False, stored: bool = True, **overrides) -> TuningPlan:
     """One TuningConfig per M bucket for `layer` on `target`: the built-in heuristics (`heuristic_tunings`), with
     the buckets `humming_gen.autotune` stored for this GPU and driver in their place (pipeline None, no
     overrides, `stored`; humming_gen/tuning/store.py), or one K summation order for every M with

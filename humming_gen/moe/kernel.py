@@ -193,8 +193,8 @@ def params_struct(cfg: AlignConfig) -> struct.Struct:
 
 def generate(cfg: AlignConfig, compiler: str | None = None) -> str:
     """The kernel's complete .cu (deterministic)."""
-    return standalone.render_source(cfg, "moe/header.cuh.j2", VERSION, components(cfg), constants(cfg), param_fields(cfg),
-                                    compiler)
+    return standalone.render_source(cfg, "moe/header.cuh.j2", VERSION, components(cfg), constants(cfg),
+                                    param_fields(cfg), compiler)
 
 
 @functools.lru_cache(maxsize=64)

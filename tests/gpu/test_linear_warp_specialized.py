@@ -2,7 +2,8 @@
 
 Each case builds a QuantLinear whose buckets from M = 17 on (9 for layers of at most 3072 rows) run the
 warp-specialized pipeline (asserted), then runs M values across its buckets, partial token tiles and odd shapes
-(N not a multiple of the tile's 256 rows, K not a multiple of 128). Tolerances are relative Frobenius errors, as in test_linear.py.
+(N not a multiple of the tile's 256 rows, K not a multiple of 128). Tolerances are relative Frobenius errors, as in
+test_linear.py.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class SplitKParallelReduce(Component):
     family: ClassVar[str] = "epilogue"
     ptx: ClassVar[tuple[str, ...]] = ("global_sync", "global_wait")
     provides: ClassVar[frozenset[str]] = frozenset({"kSplitAccPerThread", "kSplitFragments", "split_k_tile",
-                                                   "split_k_publish", "split_k_share_begin", "kSplitLoadBatch", "split_k_sum",
+                                                   "split_k_publish", "split_k_share_begin", "kSplitLoadBatch",
+                                                   "split_k_sum",
                                                    "split_k_depart"})
     split_k: int
     sync: str

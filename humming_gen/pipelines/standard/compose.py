@@ -192,8 +192,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 gated=compute.epilogue_activation or ""))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     expert_group_bytes = (group.rows if group else 0) * n_pad * 2
-    expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes, "b_zero": expert_group_bytes,
-                    "out_scale": n_pad * 4, "bias": layer.n * 2}
+    expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes,
+                    "b_zero": expert_group_bytes, "out_scale": n_pad * 4, "bias": layer.n * 2}
     expert_tensors = tuple((a.name, f"kExpert{offset_constant(a.name)}Bytes") for a in dense_args(layer, group, False)
                            if moe and a.name in expert_bytes)
     pdl = target.has("pdl")
@@ -240,7 +240,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)
 
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
-                      components=components, constants=tuple(constants), args=dense_args(layer, group, t.split_k > 1, compute),
+                      components=components, constants=tuple(constants),
+                      args=dense_args(layer, group, t.split_k > 1, compute),
                       layout=weight_layout(layer, b_layout, n_pad, group), group=group, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,

@@ -66,7 +66,8 @@ class WarpSpecializedPipeline(Component):
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = {"Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init",
                  "fence_barrier_init", "mbarrier_wait", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
-                 "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease", "registers_increase",
+                 "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease",
+                 "registers_increase",
                  "weight_stage_bytes", "load_weight_stage", "load_a_stage", "a_step_descriptor", "load_b_chunk",
                  "kChunkWords", "extract_code_pair", "dequant_pair", "wgmma_fence", "wgmma_commit", "wgmma_wait",
                  "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
