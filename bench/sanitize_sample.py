@@ -2,7 +2,7 @@
 points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
-persistent grid (more units than SMs); no clusters are launched). Prints the max relative error and the pipelines
+persistent grid (more units than SMs); no clusters are launched); 8-bit activations on both pipelines. Prints the max relative error and the pipelines
 that ran, so a sanitizer log also shows them."""
 
 import attrs
@@ -19,14 +19,18 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          (dict(weight="uint4", group_size=100, zero_point="float"), 256, 1000, False, (2, 130)),
          (dict(weight="uint4", group_size=64, zero_point="int"), 576, 1000, True, (65, 300)),
          (dict(weight="int8"), 1024, 2048, False, (64, 700)),
-         (dict(weight="int4", group_size=128), 8192, 1024, False, (700,))]
+         (dict(weight="int4", group_size=128), 8192, 1024, False, (700,)),
+         # 8-bit activations: the warp-specialized wgmma k32 kernels from M = 65 on (partial tiles, K % 128 != 0)
+         ("w8a8-fp8-block128", 1000, 1536, True, (3, 200)), ("w8a8-int8-channel", 1024, 2000, False, (700,)),
+         ("w4a8-mxfp4-fp8", 576, 2048, True, (150,)), ("w4a8-int4-g128-int8", 4096, 1024, False, (300,))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
 
 worst = 0.0
 pipelines = set()
 for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES):
     dtype = DTYPES.get(i, torch.bfloat16)
-    qw = hg.QuantScheme(**kwargs).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    scheme = hg.scheme(kwargs) if isinstance(kwargs, str) else hg.QuantScheme(**kwargs)
+    qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
     bias = torch.randn(n, device="cuda").to(dtype) if bias_on else None
     layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
     for m in ms:

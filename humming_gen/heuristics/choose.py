@@ -26,8 +26,15 @@ WS_FROM_M = 32
 SKINNY_N = 3072
 
 
+# 8-bit activations: the warp-specialized kernels do not split K, so they start at the first bucket whose tiles fill
+# the SMs (pipelines.warp_specialized.heuristics.A8_BUCKETS).
+WS_A8_FROM_M = 128
+
+
 def ws_from_m(layer: LayerConfig) -> int:
     """The largest M of the first bucket the warp-specialized pipeline takes for this layer."""
+    if layer.scheme.activation is not None:
+        return WS_A8_FROM_M
     return 16 if layer.n <= SKINNY_N else WS_FROM_M
 
 

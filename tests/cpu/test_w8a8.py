@@ -97,12 +97,17 @@ def test_unserved_schemes_are_refused_with_their_reason(scheme: str, needle: str
         _plan(scheme, "sm_90a", k=4096)
 
 
-def test_warp_specialized_refuses_and_every_bucket_is_standard() -> None:
+def test_warp_specialized_takes_the_buckets_from_128_on_sm90a_only() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-fp8-channel")
-    reasons = WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a"))
-    assert any("quantized activations" in r and "standard pipeline" in r for r in reasons)
-    plan = choose_tunings(layer, get_target("sm_90a"))
-    assert all(t.pipeline == "standard" and t.mma == "m16n8k32" for _, t in plan.buckets)
+    assert WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a")) == []
+    plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
+    for m_max, t in plan.buckets:
+        ws = m_max is None or m_max >= 128
+        assert (t.pipeline, t.mma) == (("warp_specialized", "wgmma") if ws else ("standard", "m16n8k32")), m_max
+    for target in ("sm_89", "sm_120a"):
+        assert any("wgmma" in r for r in WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target(target)))
+        plan = choose_tunings(layer, get_target(target), stored=False)
+        assert all(t.pipeline == "standard" for _, t in plan.buckets)
 
 
 def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
@@ -110,7 +115,7 @@ def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 
 def test_rendered_source_holds_only_the_8bit_path() -> None:
-    fp8 = _source("w8a8-fp8-channel", m=1000)
+    fp8 = _source("w8a8-fp8-channel", m=64)
     int8 = _source("w8a8-int8-channel", target="sm_80")
     block = _source("w8a8-fp8-block128", has_bias=True)
     for src in (fp8, int8, block):
@@ -126,6 +131,25 @@ def test_rendered_source_holds_only_the_8bit_path() -> None:
     assert "a_scale[m]" not in block and "* w_scale[nt][i / 2] * a_scale[mt][i % 2]" in block
     assert "kActivationGroups = 24" in block and "p.out_scale" not in block
     assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in _source("w8a8-fp8-tensor")
+
+
+def test_warp_specialized_8bit_source() -> None:
+    """wgmma k32 on the weights' registers as loaded; fp8 partial sums promoted every stage, s32 ones once per tile;
+    channel x token scales in the epilogue, block scales at promotion."""
+    fp8 = _source("w8a8-fp8-channel", m=1000)
+    int8 = _source("w8a8-int8-channel", m=1000)
+    block = _source("w8a8-fp8-block128", m=1000, has_bias=True)
+    mxfp4 = _source("w4a8-mxfp4-fp8", m=1000)
+    for src in (fp8, int8, block, mxfp4):
+        assert "consume<1>(p, ring, units)" in src and "setmaxnreg" in src
+        for gone in ("dequant_pair", "extract_code_pair", "mma_m16n8k32", "mma.sync.aligned", "k16("):
+            assert gone not in src, gone
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in fp8
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in int8
+    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8 and "* scale * a_scale[m]" in fp8
+    assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in int8 and "acc[0][j][i] +=" not in int8
+    assert "part[j][i] * w_scale[0][i / 2] * a_scale[i % 2]" in block and "a_scale[m]" not in block
+    assert "kPromoteSteps = 1;" in mxfp4 and "nibbles_to_a8(v.x, frag[0], frag[1])" in mxfp4
 
 
 def test_16bit_kernels_keep_their_source() -> None:
@@ -170,6 +194,14 @@ def test_quantlinear_refuses_unserved_schemes_clearly() -> None:
         hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_80", device="cpu")
 
 
+def test_quantlinear_shares_one_weight_between_both_pipelines() -> None:
+    """On sm_90a the small-M buckets (mma.sync) and the large-M ones (wgmma) read one packed weight."""
+    torch.manual_seed(0)
+    layer = hg.QuantLinear.from_float(torch.randn(512, 1024), "w8a8-fp8-block128", target="sm_90a", device="cpu")
+    assert {kern.plan.tuning.mma for _, kern in layer._buckets} == {"m16n8k32", "wgmma"}
+    assert len({(kern.plan.layout.b_layout, kern.plan.layout.n_pad) for _, kern in layer._buckets}) == 1
+
+
 INT8_GROUP = hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
                             activation=hg.ActivationScheme("int8", granularity="group", group_size=128))
 FP8_E5M2_ACT = hg.QuantScheme("float8e4m3", granularity="channel", scale_dtype="float32",
@@ -184,7 +216,9 @@ def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
         kernel = build(_plan(scheme, target, m, out_dtype="float32"))
         assert kernel.resources["spill_store_bytes"] == 0, (m, kernel.resources)
     src = kernel.source
-    if scheme is INT8_GROUP:
+    if scheme is INT8_GROUP and target == "sm_90a":  # M = 1000: the warp-specialized kernel
+        assert "static_cast<float>(part[j][i]) * w_scale[0][i / 2] * a_scale[i % 2]" in src
+    elif scheme is INT8_GROUP:
         assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
     else:
         assert ".f32.e4m3.e5m2.f32" in src and "* scale * a_scale[m]" in src

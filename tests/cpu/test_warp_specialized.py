@@ -113,5 +113,18 @@ def test_refusals_name_the_reason() -> None:
     too_deep = TuningConfig(**{**tuning.to_dict(), "stages": 8})
     with pytest.raises(ComposeError, match="shared memory .* exceeds"):
         compose(_layer(), ComputeConfig(), too_deep, SM90)
-    with pytest.raises(ComposeError, match="quantized activations"):
-        compose(LayerConfig(4096, 4096, "w8a8-fp8-channel"), ComputeConfig(), tuning, SM90)
+    a8 = LayerConfig(4096, 4096, "w8a8-fp8-channel")  # a 16-bit tuning for 8-bit activations: each field named
+    with pytest.raises(ComposeError, match="128-row layout block") as e:
+        compose(a8, ComputeConfig(), tuning, SM90)
+    assert "split_k" in str(e.value) or tuning.split_k == 1
+    a8_tuning = choose_tunings(a8, SM90).for_m(1024)
+    assert a8_tuning.pipeline == "warp_specialized" and a8_tuning.block_n == 128
+    for field, value, needle in (("block_m", 200, "up to 192 tokens"), ("split_k", 2, "does not split K"),
+                                 ("block_k", 64, "128 or 256"), ("block_k", 256, "shared memory .* exceeds")):
+        with pytest.raises(ComposeError, match=needle):
+            compose(a8, ComputeConfig(), TuningConfig(**{**a8_tuning.to_dict(), field: value}), SM90)
+    with pytest.raises(ComposeError, match="lacks 'wgmma'"):
+        compose(a8, ComputeConfig(), a8_tuning, get_target("sm_89"))
+    with pytest.raises(ComposeError, match="compute.gemm='indexed'"):
+        compose(LayerConfig(4096, 4096, "w8a8-fp8-channel", num_experts=4), ComputeConfig(gemm="indexed"),
+                a8_tuning, SM90)

@@ -28,7 +28,7 @@ def test_converted_w8a8_checkpoint_runs(name: str) -> None:
     torch.manual_seed(3)
     qw = W8A8[name]().to("cuda")
     layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
-    assert {k.plan.tuning.mma for k in layer.kernels} == {"m16n8k32"}
+    assert {k.plan.tuning.mma for k in layer.kernels} <= {"m16n8k32", "wgmma"}
     for m in (1, 33, 300):
         x = torch.randn(m, qw.k, device="cuda").bfloat16()
         out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=torch.bfloat16)

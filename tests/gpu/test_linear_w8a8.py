@@ -1,4 +1,5 @@
-"""QuantLinear with 8-bit activations (standard pipeline, mma.sync m16n8k32) against the float64 reference.
+"""QuantLinear with 8-bit activations (standard pipeline, mma.sync m16n8k32, for small M; on sm_90a the
+warp-specialized pipeline, wgmma k32, from M = 65 on) against the float64 reference.
 
 The reference is reference_gemm: x quantized by the scheme's ActivationScheme in float64 (bit-identical to what
 humming_gen.quantize_activation writes, docs/FORMATS.md 4.1), dequantized, times the dequantized weight, plus
@@ -36,6 +37,14 @@ def _cases():
                 yield pytest.param(scheme, n, k, dtype, bias, id=f"{scheme}-n{n}-k{k}-{dt}{'-bias' if bias else ''}")
 
 
+def assert_pipelines(layer: hg.QuantLinear) -> None:
+    """Buckets from M = 128 on run wgmma where the target has it, the smaller ones mma.sync m16n8k32."""
+    wgmma = layer.target.has("wgmma")
+    for m_max, kern in layer._buckets:
+        ws = wgmma and (m_max is None or m_max >= 128)
+        assert kern.plan.tuning.mma == ("wgmma" if ws else "m16n8k32"), (m_max, kern.plan.kernel_name)
+
+
 def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
     x = torch.randn(m, qw.k, device="cuda").to(dtype)
     x[0, : min(7, qw.k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
@@ -57,7 +66,7 @@ def test_w8a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     bias = torch.randn(n, device="cuda").to(dtype) if has_bias else None
     qw = hg.scheme(scheme).quantize(w)
     layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
-    assert all(kern.plan.tuning.mma == "m16n8k32" for kern in layer.kernels)
+    assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
 
@@ -109,3 +118,20 @@ def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
         ref = reference_gemm(x.double(), qw)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < TOLERANCE[torch.bfloat16], f"m={m}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8",
+                                    "w4a8-int4-g128-int8", "w4a8-int4-g128-fp8"])
+def test_a8_large_m(scheme: str) -> None:
+    """M = 4096 on a 4096 x 4096 layer: the warp-specialized kernels' 128-token tiles on every SM, K of 32 stages
+    (fp8 partial sums promoted 32 times)."""
+    torch.manual_seed(11)
+    n = k = 4096
+    w = torch.randn(n, k, device="cuda") * 0.05
+    qw = hg.scheme(scheme).quantize(w)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    assert_pipelines(layer)
+    if layer.target.has("wgmma"):
+        assert layer.kernel_for(4096).plan.tuning.block_m == 128
+    for m in (4096, 200):
+        _check(layer, qw, None, torch.bfloat16, m, scheme)

@@ -37,3 +37,47 @@ class WgmmaRS(Component):
                 "d_list": ", ".join(f"%{i}" for i in range(regs)),
                 "a_list": ", ".join(f"%{regs + i}" for i in range(4)),
                 "d_operands": ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))}
+
+
+WGMMA_8BIT_TYPE = {"int8": "s8", "float8e4m3": "e4m3", "float8e5m2": "e5m2"}
+
+
+@attrs.frozen
+class WgmmaRS8(Component):
+    """Register-A, shared-B warpgroup MMA over `n` tokens with 8-bit operands (k32): s32 partial sums for int8 x
+    int8, fp32 for fp8 x fp8. The partial sums are promoted into fp32 accumulators by the pipeline."""
+
+    template: ClassVar[str] = "mma/wgmma_rs8.cuh.j2"
+    family: ClassVar[str] = "mma"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
+    weight: str
+    activation: str
+    n: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.n not in WGMMA_N:
+            raise ValueError(f"wgmma N={self.n}: must be a multiple of 8 in 8..256")
+        kinds = {self.weight.startswith("int"), self.activation.startswith("int")}
+        if self.weight not in WGMMA_8BIT_TYPE or self.activation not in WGMMA_8BIT_TYPE or len(kinds) != 1:
+            raise ValueError(f"wgmma k32 multiplies two int8 or two fp8 operands, got {self.weight} x "
+                             f"{self.activation}")
+
+    @property
+    def integer(self) -> bool:
+        return self.weight == "int8"
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_partials", f"wgmma_m64n{self.n}k32"})
+
+    def extra_context(self) -> dict:
+        regs = self.n // 2
+        a, w = WGMMA_8BIT_TYPE[self.activation], WGMMA_8BIT_TYPE[self.weight]
+        # the instruction's operand order is A (weights) then B (activation tokens)
+        shape = f"s32.{w}.{a}" if self.integer else f"f32.{w}.{a}"
+        constraint = "r" if self.integer else "f"
+        return {"shape": shape, "ctype": "int" if self.integer else "float", "constraint": constraint,
+                "scale_args": "" if self.integer else ", 1, 1",
+                "d_list": ", ".join(f"%{i}" for i in range(regs)),
+                "a_list": ", ".join(f"%{regs + i}" for i in range(4)),
+                "d_operands": ", ".join(f'"+{constraint}"(d[{i // 4}][{i % 4}])' for i in range(regs))}

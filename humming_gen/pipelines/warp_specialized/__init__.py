@@ -8,7 +8,9 @@ from __future__ import annotations
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.pipelines import weights as _weights
 from humming_gen.pipelines.common import common_reasons, lacking
+from humming_gen.pipelines.standard import compose_a8 as _standard_a8
 from humming_gen.pipelines.warp_specialized import compose as _compose
+from humming_gen.pipelines.warp_specialized import compose_a8 as _compose_a8
 from humming_gen.pipelines.warp_specialized import heuristics as _heuristics
 from humming_gen.pipelines.warp_specialized.components import WarpSpecializedPipeline
 from humming_gen.targets import Target
@@ -16,13 +18,28 @@ from humming_gen.targets import Target
 
 class WarpSpecialized:
     name = "warp_specialized"
-    compose = staticmethod(_compose.compose)
-    shared_memory = staticmethod(_compose.shared_memory)
+
+    @staticmethod
+    def compose(layer: LayerConfig, compute: ComputeConfig, tuning, target: Target):
+        if layer.scheme.activation is not None:
+            return _compose_a8.compose(layer, compute, tuning, target)
+        return _compose.compose(layer, compute, tuning, target)
+
+    @staticmethod
+    def shared_memory(layer: LayerConfig, tuning):
+        if layer.scheme.activation is not None:
+            return _compose_a8.shared_memory(layer, tuning)
+        return _compose.shared_memory(layer, tuning)
+
     choose_tunings = staticmethod(_heuristics.choose_tunings)
     prepare_weight = staticmethod(_weights.prepare_weight)  # the shared layout: one packed copy for both
 
     @staticmethod
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
+        if layer.scheme.activation is not None:
+            return (common_reasons(layer, compute, target, quantized_activations=True)
+                    + _standard_a8.scheme_reasons(layer)
+                    + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
         return (common_reasons(layer, compute, target) + _compose.layout_reasons(layer)
                 + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
 

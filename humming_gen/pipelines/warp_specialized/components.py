@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 from humming_gen.pipelines.common import offset_constant
 
 
@@ -22,6 +22,7 @@ class ATileSw128CpAsync(Component):
                                                    "smem_descriptor", "a_step_descriptor"})
     needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16"})
     dtype: str
+    bytes: int = option_field(2)  # per element: 16-bit activations, or 8-bit codes (humming_gen.quantize_activation)
 
 
 @attrs.frozen
@@ -80,3 +81,55 @@ class WarpSpecializedPipeline(Component):
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+
+
+@attrs.frozen
+class WarpSpecializedA8Pipeline(Component):
+    """The warp-specialized skeleton for 8-bit activations: 128-row tiles, one 64-row warp slice per consumer
+    warpgroup, 8-bit weight registers (nibbles widened) into wgmma k32, partial sums promoted into fp32
+    accumulators every kPromoteK (fp8, group scales) or converted once per tile (int8 with channel scales)."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/skeleton_a8.cuh.j2"
+    family: ClassVar[str] = "pipeline"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
+    provides: ClassVar[frozenset[str]] = frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"})
+    kernel_name: str
+    weight: str           # weight and activation formats (the header comment)
+    activation: str
+    block_m: int
+    integer: bool         # s32 partial sums (int8 operands); fp32 for fp8
+    weight_groups: bool   # per-group (block) weight scales multiply the promoted partial sums
+    activation_groups: bool
+    nibbles: bool         # weights of at most 4 bits: 8 bytes of nibbles per k32 step, widened by nibbles_to_a8
+    pdl: bool
+
+    @property
+    def promote_in_loop(self) -> bool:
+        """fp8 partial sums are promoted every kPromoteK (wgmma's fp8 accumulation is not full fp32); s32 ones only
+        where group scales change along K."""
+        return not self.integer or self.weight_groups or self.activation_groups
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg") + (("grid_dependency",) if self.pdl
+                                                                                   else ())
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        needs = {"Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init",
+                 "fence_barrier_init", "mbarrier_wait", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
+                 "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease",
+                 "registers_increase", "weight_stage_bytes", "load_weight_stage", "load_a_stage",
+                 "a_step_descriptor", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_partials",
+                 f"wgmma_m64n{self.block_m}k32", "store_output"}
+        needs |= {"nibbles_to_a8"} if self.nibbles else set()
+        needs |= {"load_weight_group_scales"} if self.weight_groups else set()
+        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
+        return frozenset(needs)
+
+    def extra_context(self) -> dict:
+        factors = ((" * w_scale[0][i / 2]" if self.weight_groups else "")
+                   + (" * a_scale[i % 2]" if self.activation_groups else ""))
+        partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
+        return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
+                "group_scales": self.weight_groups or self.activation_groups}

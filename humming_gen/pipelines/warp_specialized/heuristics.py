@@ -11,6 +11,7 @@ import math
 
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
+from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.compose import BLOCK_N, LAYOUT_BLOCK_N, shared_memory
 from humming_gen.targets import Target
 
@@ -73,5 +74,28 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     return TuningConfig(**fields, stages=stages)
 
 
+# 8-bit activations (compose_a8): 128-row tiles, no split-K, so the buckets start where the tiles fill the SMs;
+# a 64-token tile where 128-token tiles would leave a quarter of them idle.
+A8_BUCKETS = (128, 256, 512, 1024, 2048, 4096, None)
+A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
+
+
+def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
+    n_tiles = math.ceil(layer.n / compose_a8.BLOCK_N)
+    block_m = 128
+    if m_max is not None and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
+        block_m = 64
+    fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
+                  block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
+                  b_load="tma", scale_load="tma", split_k=1)
+    stages = 2
+    for s in range(2, MAX_STAGES + 1):
+        if compose_a8.shared_memory(layer, TuningConfig(**fields, stages=s)).fits(target):
+            stages = s
+    return TuningConfig(**fields, stages=stages)
+
+
 def choose_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
+    if layer.scheme.activation is not None:
+        return TuningPlan(tuple((m_max, tuning_for_a8(layer, target, m_max)) for m_max in A8_BUCKETS))
     return TuningPlan(tuple((m_max, tuning_for(layer, target, m_max)) for m_max in BUCKETS))

@@ -1,0 +1,194 @@
+"""compose() of the warp-specialized pipeline (sm_90a) for schemes with 8-bit activations: wgmma k32 with int8 x int8
+or fp8 x fp8 operands, the weights as the register A operand and the activation codes (tokens on N) read from
+shared memory. Weights keep the standard 8-bit layout (BLayout8, or BLayoutNibble8 for weights of at most 4 bits,
+128-row blocks of two 64-row warp slices, 64-k slices), so one packed copy serves the standard pipeline's small-M
+buckets and these kernels: a 128-row tile is one layout block, consumer warpgroup g takes warp slice g and its warp
+w the slice's 16-row tile w.
+
+Scales as on the standard pipeline: per-channel / tensor weight scales and per-token / tensor activation scales
+multiply the output in the epilogue; group and block scales multiply the partial sums when they are promoted into
+the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes). fp8 partial sums are promoted at least every
+block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
+about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are exact s32 over the whole of K.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from humming_gen.components.base import Component
+from humming_gen.components.epilogue.output import StoreOutput
+from humming_gen.components.memory.shared_reads import GroupScalesGlobal
+from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
+from humming_gen.components.mma.wgmma import WGMMA_N, WgmmaRS8
+from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
+from humming_gen.components.ptx.wrappers import wrappers_for
+from humming_gen.components.schedule.dense import PersistentSchedule
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
+from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constants_table, has_out_scale, kernel_name,
+                                          missing_features, missing_symbols, padded_k)
+from humming_gen.pipelines.standard import compose_a8 as standard_a8
+from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedA8Pipeline,
+                                                               WeightStageBulk)
+from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
+from humming_gen.targets import Target
+
+BLOCK_N = SHARED_LAYOUT["block_n"]  # one layout block per tile
+SLICE_K = SHARED_LAYOUT["warp_k"]
+WARPGROUPS = 2  # one per 64-row warp slice of the layout block
+PRODUCER_THREADS = 128
+PRODUCER_REGISTERS = 40
+REGISTER_FILE = 65536
+SMEM_ALIGN = 1024
+MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
+PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
+
+
+@attrs.frozen
+class SmemPlanA8:
+    a: int
+    b: int
+    stages: int
+
+    @property
+    def stage(self) -> int:
+        return -(-(self.a + self.b) // SMEM_ALIGN) * SMEM_ALIGN
+
+    @property
+    def total(self) -> int:
+        return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full / empty barriers + alignment slack
+
+    def fits(self, target: Target) -> bool:
+        return self.total <= target.smem_per_block_optin
+
+
+def b_slice_bytes(layer: LayerConfig) -> int:
+    """Bytes of one (128-row layout block, 64-k slice) of the packed weight: bytes, or nibbles."""
+    return BLOCK_N * SLICE_K // (2 if standard_a8.nibble_order(layer) else 1)
+
+
+def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
+    t = tuning
+    return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages)
+
+
+def consumer_registers() -> int:
+    free = REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGISTERS
+    return min(256, free // (128 * WARPGROUPS) // 8 * 8)
+
+
+def promote_k(layer: LayerConfig, block_k: int) -> int:
+    """k between promotions of the partial sums: the stage (fp8: at most PROMOTE_K_FP8), or a scale group."""
+    groups = [g for g in (standard_a8.weight_group_k(layer), standard_a8.activation_group_k(layer)) if g is not None]
+    k = math.gcd(block_k, *groups) if groups else block_k
+    return k if layer.scheme.activation.dtype.name == "int8" else math.gcd(k, PROMOTE_K_FP8)
+
+
+def tuning_reasons(tuning: TuningConfig) -> list[str]:
+    t = tuning
+    reasons = []
+    if t.mma != "wgmma":
+        reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
+    if t.block_n != BLOCK_N:
+        reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block")
+    if (t.warps_m, t.warps_n, t.warps_k) != (1, 4 * WARPGROUPS, 1):
+        reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: two consumer warpgroups, warps 1x8x1")
+    if t.block_m not in WGMMA_N or t.block_m > MAX_BLOCK_M:
+        reasons.append(f"tuning.block_m={t.block_m}: a multiple of 8 up to {MAX_BLOCK_M} tokens (fp32 accumulators "
+                       f"and partial sums of the wgmma N dimension share a consumer thread's registers)")
+    if t.block_k not in (128, 256):
+        reasons.append(f"tuning.block_k={t.block_k}: 128 or 256 (one or two 128-byte swizzle panels of 8-bit codes)")
+    if t.a_load != "cp_async" or t.b_load != "tma" or t.scale_load != "tma":
+        reasons.append("the producer loads activations with 'cp_async' and bulk-copies weights ('tma')")
+    if t.cluster_m * t.cluster_n != 1:
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: no clusters with 8-bit activations; allowed: 1x1")
+    if t.split_k != 1 or t.stream_k:
+        reasons.append(f"tuning.split_k={t.split_k}: the warp-specialized pipeline with 8-bit activations does not "
+                       f"split K (its buckets start where the tiles fill the SMs)")
+    if t.ctas_per_sm != 1:
+        reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM")
+    return reasons
+
+
+def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
+    """The components of one warp-specialized kernel with 8-bit activations; ComposeError lists what is off."""
+    s, a = layer.scheme, layer.scheme.activation
+    t = tuning
+    reasons = (common_reasons(layer, compute, target, quantized_activations=True) + standard_a8.scheme_reasons(layer)
+               + tuning_reasons(t))
+    order = standard_a8.nibble_order(layer)
+    layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
+                                         else BLayoutNibble8(**SHARED_LAYOUT, order=order))
+    reasons += layout.check()
+    if reasons:
+        raise compose_error(reasons)
+    wgroups = standard_a8.weight_group_k(layer) is not None
+    agroups = standard_a8.activation_group_k(layer) is not None
+    integer = a.dtype.name == "int8"
+
+    numeric: list[Component] = []
+    if order == "int8":
+        numeric.append(NibbleToInt8(weight=s.weight.name))
+    elif order == "e4m3":
+        numeric.append(NibbleToE4m3(weight=s.weight))
+    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1), WeightStageBulk(group_params=())]
+    if wgroups:  # (activation group scales are read by the skeleton, a token pair at a time)
+        memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
+    mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
+    schedule: list[Component] = [PersistentSchedule(split_k=1)]
+    epilogue: list[Component] = [StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                                             bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP,
+                                             token_scale="" if agroups else a.granularity)]
+    pdl = target.has("pdl")
+    name = kernel_name(layer, t, target, suffix=f"_ws_q{standard_a8.activation_name(layer)}")
+    pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
+                                         block_m=t.block_m, integer=integer, weight_groups=wgroups,
+                                         activation_groups=agroups, nibbles=order is not None, pdl=pdl)
+    body = numeric + memory + mma + schedule + epilogue + [pipeline]
+    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
+    reasons = missing_features(components, target) + missing_symbols(components)
+    smem = shared_memory(layer, t)
+    if not smem.fits(target):
+        reasons.append(f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) exceeds {target.name}'s "
+                       f"{target.smem_per_block_optin} B per block")
+    if reasons:
+        raise compose_error(reasons)
+
+    n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
+    k_pad = padded_k(layer)
+    pk = promote_k(layer, t.block_k)
+    threads = PRODUCER_THREADS * (1 + WARPGROUPS)
+    constants = constants_table(layer, n_pad, k_pad) + [
+        ("kBlockM", t.block_m, "tokens per tile (wgmma N)"), ("kBlockN", t.block_n, "weight rows per tile"),
+        ("kBlockK", t.block_k, ""),
+        ("kNTiles", n_pad // t.block_n, "tiles along N"), ("kKTiles", math.ceil(layer.k / t.block_k), ""),
+        ("kStages", t.stages, "ring depth"), ("kStepsPerStage", t.block_k // 32, "k32 wgmma steps per stage"),
+        ("kPromoteK", pk, "k between promotions of partial sums into the accumulators"),
+        ("kPromoteSteps", pk // 32, ""),
+        ("kThreads", threads, "one producer and two consumer warpgroups"),
+        ("kProducerThreads", PRODUCER_THREADS, ""), ("kConsumerThreads", 128 * WARPGROUPS, ""),
+        ("kProducerRegisters", PRODUCER_REGISTERS, "setmaxnreg budgets"),
+        ("kConsumerRegisters", consumer_registers(), ""),
+        ("kWarpNTiles", 1, "16-row n tiles per consumer warp"),
+        ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
+        ("kBSliceBytes", b_slice_bytes(layer), "one 128-row layout block x 64 k of packed weight"),
+        ("kSlicesPerStage", t.block_k // SLICE_K, ""),
+        ("kSlicesPerN", k_pad // SLICE_K, "64-k slices per layout block of the packed weight"),
+        ("kSmemAlign", SMEM_ALIGN, ""),
+    ]
+    if wgroups:
+        constants.append(("kWeightGroupK", standard_a8.weight_group_k(layer), "k elements per weight scale group"))
+    if agroups:
+        g = standard_a8.activation_group_k(layer)
+        constants += [("kActivationGroupK", g, "k elements per activation scale group"),
+                      ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
+    constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
+    launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=1,
+                              slots=target.sm_count)
+    return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
+                      kernel_name=name, components=components, constants=tuple(constants),
+                      args=standard_a8.args(layer, False), layout=standard_a8.weight_layout(layer, layout, n_pad),
+                      group=None, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)
