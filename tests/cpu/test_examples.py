@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("convert_checkpoint.py", "model.mlp.down_proj"),
     ("quantize_model.py", "linear layers quantized"),
     ("tensor_parallel.py", "built the kernels of 2 MLP and 2 MoE shards"),
+    ("moe.py", "buckets for sm_90a; run this on a GPU"),
 ])
 def test_example_runs(script, expected, tmp_path):
     """The examples write where users can find them (the system temp dir): here that is inside tmp_path."""
