@@ -28,7 +28,8 @@ MMA_SYNC_PIPELINES = ("standard", "warp_specialized")
 
 LOADS = ("cp_async", "tma", "tma_multicast")
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
-RASTERS = ("n_major", "m_major")
+RASTERS = ("n_major", "m_major", "m_band")  # m_band: persistent grids walk bands of BAND_M m tiles m-fastest
+BAND_M = 8
 MAX_WARPS = 16
 # Every pipeline keeps a ring of `stages` shared-memory buffers: while the MMA loop computes on one stage, the
 # copies of the next ones are in flight, and `cp.async.wait_group stages - 2` waits for the oldest. With one

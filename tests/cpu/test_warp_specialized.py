@@ -128,3 +128,27 @@ def test_refusals_name_the_reason() -> None:
     with pytest.raises(ComposeError, match="compute.gemm='indexed'"):
         compose(LayerConfig(4096, 4096, "w8a8-fp8-channel", num_experts=4), ComputeConfig(gemm="indexed"),
                 a8_tuning, SM90)
+
+
+def test_a8_banded_raster_compiles_and_covers_every_tile() -> None:
+    """raster='m_band': unit_coord(unit, m) walks bands of BAND_M m tiles; the formula (mirrored here) visits every
+    (n tile, m tile) once for any M, the last band short."""
+    import attrs
+
+    from humming_gen.config.tuning import BAND_M
+    from humming_gen.kernel import build
+
+    layer = LayerConfig(8192, 8192, "w8a8-fp8-channel")
+    t = attrs.evolve(choose_tunings(layer, SM90).for_m(4096), raster="m_band")
+    kernel = build(compose(layer, ComputeConfig(), t, SM90))
+    assert "unit_coord(unit, p.m)" in kernel.source and kernel.resources.get("spill_store_bytes", 0) == 0
+    n_tiles = 64
+    for m_tiles in (1, 3, 8, 13, 32):
+        seen = []
+        for unit in range(n_tiles * m_tiles):
+            band, in_band = divmod(unit, BAND_M * n_tiles)
+            rows = min(BAND_M, m_tiles - band * BAND_M)
+            seen.append((in_band // rows, band * BAND_M + in_band % rows))
+        assert sorted(seen) == [(n, m) for n in range(n_tiles) for m in range(m_tiles)]
+    with pytest.raises(ComposeError, match="raster"):
+        compose(layer, ComputeConfig(), attrs.evolve(t, raster="m_major"), SM90)

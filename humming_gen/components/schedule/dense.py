@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 
 
 @attrs.frozen
@@ -52,9 +52,16 @@ class MoeGroupedSchedule(Component):
 
 @attrs.frozen
 class PersistentSchedule(Component):
-    """A persistent grid walking (tile, k slice) units, n tiles fastest."""
+    """A persistent grid walking (tile, k slice) units, n tiles fastest; with group_m > 1, in column-major bands
+    of group_m m tiles, so the CTAs in flight share group_m activation tiles and a few weight tiles in L2 (weights
+    too large for the L2 are then read once per band instead of once per m tile)."""
 
     template: ClassVar[str] = "schedule/persistent.cuh.j2"
     family: ClassVar[str] = "schedule"
     provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "unit_count", "unit_coord"})
     split_k: int
+    group_m: int = option_field(1)
+
+    def __attrs_post_init__(self) -> None:
+        if self.group_m > 1 and self.split_k > 1:
+            raise ValueError("PersistentSchedule: group_m bands are generated without split-K")

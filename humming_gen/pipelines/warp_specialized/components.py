@@ -102,6 +102,7 @@ class WarpSpecializedA8Pipeline(Component):
     activation_groups: bool
     nibbles: bool         # weights of at most 4 bits: 8 bytes of nibbles per k32 step, widened by nibbles_to_a8
     pdl: bool
+    banded: bool = option_field()  # the schedule walks bands of m tiles (unit_coord takes m)
 
     @property
     def promote_in_loop(self) -> bool:

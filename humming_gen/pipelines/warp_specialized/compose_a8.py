@@ -27,6 +27,7 @@ from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.config.tuning import BAND_M
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constants_table, has_out_scale, kernel_name,
                                           missing_features, missing_symbols, padded_k)
@@ -105,6 +106,8 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append("the producer loads activations with 'cp_async' and bulk-copies weights ('tma')")
     if t.cluster_m * t.cluster_n != 1:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: no clusters with 8-bit activations; allowed: 1x1")
+    if t.raster not in ("n_major", "m_band"):
+        reasons.append(f"tuning.raster={t.raster!r}: the persistent grid walks 'n_major' or 'm_band'")
     if t.split_k != 1 or t.stream_k:
         reasons.append(f"tuning.split_k={t.split_k}: the warp-specialized pipeline with 8-bit activations does not "
                        f"split K (its buckets start where the tiles fill the SMs)")
@@ -138,7 +141,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if wgroups:  # (activation group scales are read by the skeleton, a token pair at a time)
         memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
-    schedule: list[Component] = [PersistentSchedule(split_k=1)]
+    banded = t.raster == "m_band"
+    schedule: list[Component] = [PersistentSchedule(split_k=1, group_m=BAND_M if banded else 1)]
     epilogue: list[Component] = [StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
                                              bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP,
                                              token_scale="" if agroups else a.granularity)]
@@ -146,7 +150,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     name = kernel_name(layer, t, target, suffix=f"_ws_q{standard_a8.activation_name(layer)}")
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
-                                         activation_groups=agroups, nibbles=order is not None, pdl=pdl)
+                                         activation_groups=agroups, nibbles=order is not None, pdl=pdl,
+                                         banded=banded)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)

@@ -1,0 +1,47 @@
+"""Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
+activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192.
+Usage: python a8_sweep.py [preset,...] [M,...]"""
+
+from __future__ import annotations
+
+import sys
+
+import attrs
+import torch
+
+import humming_gen as hg
+from bench_dense import graph_time_us
+from humming_gen.config import LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.pipelines.base import TuningPlan
+from humming_gen.targets import Target
+
+presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
+ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
+VARIANTS = [dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"), dict(block_m=192, raster="m_band"),
+            dict(block_m=64, raster="m_band"), dict(block_m=128, raster="m_band", stages=4)]
+torch.manual_seed(0)
+n = k = 8192
+target = Target.current()
+for name in presets:
+    scheme = hg.scheme(name)
+    qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
+    base = dict(choose_tunings(LayerConfig(n=n, k=k, scheme=scheme), target, stored=False).buckets)[None]
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        built = []
+        for v in VARIANTS:
+            t = attrs.evolve(base, **v)
+            try:
+                built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
+            except Exception as e:
+                print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1]}", flush=True)
+        times: dict[int, list[float]] = {i: [] for i in range(len(built))}
+        for _ in range(2):  # rounds alternate the candidates
+            for i, (_, layers) in enumerate(built):
+                times[i].append(graph_time_us(layers, x))
+        for i, (v, _) in enumerate(built):
+            tf = 2 * m * n * k / min(times[i]) / 1e6
+            print(f"{name} m={m} {v}: {min(times[i]):.1f} us ({tf:.0f} TFLOP/s)", flush=True)
+        del built
+        torch.cuda.empty_cache()
