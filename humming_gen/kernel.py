@@ -182,18 +182,23 @@ class Launcher:
     def __call__(self, a: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None = None) -> None:
         """Launch on (m, k) activations `a` into `out`; `a_scale`: the fp32 scales of quantized activations
         (codes in `a`, row stride in bytes), which kernels with 8-bit activations need and others do not take."""
+        if self._routing_slots:
+            raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
+        self._set_a_scale(a_scale)
+        m = a.shape[0]
+        if self._scratch_slots and m > self._scratch_rows:
+            self._grow_scratch(m)
+        self._launch(a, out, m)
+
+    def _set_a_scale(self, a_scale: torch.Tensor | None) -> None:
+        """The activation scales of a kernel with quantized activations (ValueError where given to a 16-bit kernel
+        or missing for an 8-bit one)."""
         if (a_scale is None) != (self._a_scale_slot is None):
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
                 if a_scale is None else "a_scale given, but this kernel reads 16-bit activations without scales"))
-        if self._routing_slots:
-            raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
-        m = a.shape[0]
-        if self._scratch_slots and m > self._scratch_rows:
-            self._grow_scratch(m)
         if a_scale is not None:
             self._values[self._a_scale_slot] = a_scale.data_ptr()
-        self._launch(a, out, m)
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
@@ -208,10 +213,12 @@ class Launcher:
                pdl=self._pdl)
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
-            topk_weights: torch.Tensor | None = None) -> None:
+            topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None) -> None:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
-        other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does."""
+        other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does.
+        Quantized activations: `a` holds the codes and `a_scale` their fp32 scales, per row of `a` (read through
+        the same routing) or one per tensor."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -220,6 +227,7 @@ class Launcher:
             raise ValueError(f"kernel {self.kernel.name}: " + (
                 "it multiplies by the router weights; pass topk_weights" if topk_weights is None
                 else "topk_weights given, but this kernel does not multiply by them"))
+        self._set_a_scale(a_scale)
         values = self._values
         values[self._per_call[TOP_K]] = top_k
         values[slots["sorted_ids"]] = routing.sorted_ids.data_ptr()
@@ -229,13 +237,16 @@ class Launcher:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
         self._launch(a, out, out.shape[0])  # m counts assignment rows (rows of out)
 
-    def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor) -> None:
+    def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor,
+                a_scale: torch.Tensor | None = None) -> None:
         """Launch a grouped MoE kernel on rows of `a` into the same rows of `out`: grouped_masked, a and out are
         (E * max_m) rows and expert_layout (E,) int32 the rows of each expert in use (rows past it are not
-        written); grouped_contiguous, expert e's rows are [expert_layout[e], expert_layout[e + 1])."""
+        written); grouped_contiguous, expert e's rows are [expert_layout[e], expert_layout[e + 1]).
+        Quantized activations: `a` holds the codes and `a_scale` their fp32 scales (per row of `a`, or one)."""
         slot = self._routing_slots.get("expert_layout")
         if slot is None:
             raise ValueError(f"kernel {self.kernel.name} is not a grouped MoE kernel")
+        self._set_a_scale(a_scale)
         self._values[slot] = expert_layout.data_ptr()
         self._launch(a, out, a.shape[0])
 

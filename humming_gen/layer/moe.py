@@ -4,6 +4,10 @@ x (M, H) -> for each token's top-k experts e: act(x @ w13[e]^T + b13[e]) @ w2[e]
 weight, summed over the k slots. GEMM1 reads the token rows through the routing and writes one row per assignment;
 the gated activation runs on those rows; GEMM2 reads them through the same routing, multiplies by the router
 weight in its epilogue, and the k rows of a token are summed (in fp32, in slot order: deterministic).
+
+Schemes that quantize activations (W8A8, W4A8): x is quantized once per forward (humming_gen.quantize_activation,
+per token rows) and GEMM1 gathers rows of its codes and their scales; the gated activation's rows are quantized
+again for GEMM2.
 """
 
 from __future__ import annotations
@@ -73,13 +77,18 @@ class QuantMoE(torch.nn.Module):
     Kernels: the standard pipeline's indexed GEMMs, one pair per bucket of rows per expert (M * top_k / E), all
     compiled at construction; no host synchronisation in forward (routing counts stay on the GPU).
     fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
-    tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused."""
+    tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.
+    A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
+    weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
+    kernels cannot serve it (fp8 needs sm_89+) construction is refused, as for QuantLinear, and weight_only=True
+    runs the weights with 16-bit activations instead."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False):
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False,
+                 weight_only: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings
@@ -90,9 +99,9 @@ class QuantMoE(torch.nn.Module):
             if not isinstance(q, QuantizedWeight) or q.codes.dim() != 3:
                 raise ValueError(f"{name} must be an (E, N, K) QuantizedWeight, got "
                                  f"{getattr(getattr(q, 'codes', None), 'shape', type(q).__name__)}")
-            if q.scheme.activation is not None:
-                raise ValueError(f"{name}: MoE kernels with quantized activations are not generated yet; quantize "
-                                 f"with a scheme whose activation is None")
+        if weight_only:
+            q13, q2 = (attrs.evolve(q, scheme=attrs.evolve(q.scheme, activation=None), input_scale=None)
+                       for q in (q13, q2))
         if dtype not in _DTYPE_NAME:
             raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
         if activation not in ACTIVATIONS:
@@ -135,6 +144,10 @@ class QuantMoE(torch.nn.Module):
                               dtype=_DTYPE_NAME[dtype]) for q, b in ((q13, self.bias13), (q2, self.bias2))]
         computes = [ComputeConfig(gemm="indexed", epilogue_activation=activation if fused_activation else None),
                     ComputeConfig(gemm="indexed", topk_weight=True)]
+        # each GEMM's input quantization (None: 16-bit activations) and static per-tensor scale
+        self.activation_schemes = tuple(q.scheme.activation for q in (q13, q2))
+        self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
+                                    for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
         # buckets of expected rows per expert; every bucket of a GEMM shares its weight layout (one packed copy)
         plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         self.buckets = [m for m, _ in plans[0].buckets]
@@ -156,6 +169,28 @@ class QuantMoE(torch.nn.Module):
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
+
+    def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
+                                     compute: ComputeConfig) -> torch.Tensor | None:
+        """ValueError naming why kernels with `q`'s quantized activations cannot run here (as QuantLinear's), else
+        the static per-tensor activation scale on the layer's device (a one-element input_scale), or None."""
+        from humming_gen.pipelines.standard import STANDARD
+
+        act = q.scheme.activation
+        if act is None:
+            return None
+        reasons = STANDARD.supports(layer, compute, self.target)
+        if q.input_scale is not None and act.granularity == "tensor" and q.input_scale.numel() != 1:
+            reasons.append(f"{name}.input_scale has {q.input_scale.numel()} values (one per expert?); the GEMM reads "
+                           f"one per-tensor activation scale: pass one value (vLLM takes the experts' max)")
+        if reasons:
+            raise ValueError(
+                f"{name}: the scheme quantizes activations ({act.dtype.name}, {act.granularity}), which MoE kernels "
+                f"on {self.target.name} cannot serve:\n  - " + "\n  - ".join(reasons)
+                + f"\nPass weight_only=True to run the experts with {_DTYPE_NAME[self.dtype]} activations")
+        if q.input_scale is None or act.granularity != "tensor":
+            return None
+        return q.input_scale.detach().reshape(1).to(self.device, torch.float32)
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -179,9 +214,9 @@ class QuantMoE(torch.nn.Module):
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str, prefix: str, **kwargs) -> "QuantMoE":
         """The experts module `prefix` of a safetensors checkpoint (gpt-oss MXFP4, compressed-tensors, FP8 block,
-        ... : humming_gen.load_moe), weight-only: QuantMoE serves 16-bit activations today, so checkpoints whose
-        scheme quantizes activations (DeepSeek FP8 block) run with bf16 / fp16 activations. kwargs go to the
-        constructor (dtype, target, device; activation overrides the format's)."""
+        ... : humming_gen.load_moe), weight-only (MoeWeights.to_layer): checkpoints whose scheme quantizes
+        activations (DeepSeek FP8 block) run with bf16 / fp16 activations. kwargs go to the constructor (dtype,
+        target, device; activation overrides the format's)."""
         from humming_gen.schemes.converters.moe import load_moe
 
         return load_moe(checkpoint_dir, prefix).to_layer(**kwargs)
@@ -260,19 +295,38 @@ class QuantMoE(torch.nn.Module):
         bucket = self.bucket_for(m, top_k)
         gemm1, gemm2 = self._launchers[bucket]
         routing = moe_align(topk_ids.contiguous(), self.num_experts, gemm1.kernel.plan.tuning.block_m, expert_map)
+        a1, a1_scale = self.gemm_input(x, 0)
+        # rows of skipped assignments are not written: garbage, which GEMM2 never reads, unless GEMM2's input takes
+        # a dynamic per-tensor scale (the amax of every row), when they are zeros (and so is their activation)
+        act2 = self.activation_schemes[1]
+        rows = torch.zeros if (act2 is not None and act2.granularity == "tensor" and self._static_scales[1] is None
+                               ) else torch.empty
         if self.fused_activation:  # GEMM1 writes act(gate, up) itself
-            act = torch.empty(m * top_k, self.intermediate, dtype=self.dtype, device=self.device)
-            gemm1.moe(x, act, routing, top_k)
+            act = rows(m * top_k, self.intermediate, dtype=self.dtype, device=self.device)
+            gemm1.moe(a1, act, routing, top_k, a_scale=a1_scale)
         else:
-            h = torch.empty(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
-            gemm1.moe(x, h, routing, top_k)
+            h = rows(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
+            gemm1.moe(a1, h, routing, top_k, a_scale=a1_scale)
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
-        # rows of skipped assignments hold garbage: GEMM2 reads only the routed rows
+        a2, a2_scale = self.gemm_input(act, 1)
         y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
-        gemm2.moe(act, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1))
+        gemm2.moe(a2, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1), a_scale=a2_scale)
         out.copy_(torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32))
         return out
+
+    def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """GEMM `index`'s (0: w13, 1: w2) input rows `a` (rows, K) as its kernels read them: `a` itself with 16-bit
+        activations, else (codes, fp32 scales) of humming_gen.quantize_activation with the GEMM's activation scheme
+        (and static scale): codes in rows of 16-byte stride, scales per row of `a` (or one per tensor, the amax of
+        every row of `a`)."""
+        scheme = self.activation_schemes[index]
+        if scheme is None:
+            return a, None
+        from humming_gen.activation import quantize_activation
+
+        qa = quantize_activation(a, scheme, static_scale=self._static_scales[index])
+        return qa.codes, qa.scales
 
     def launcher_for(self, weight: str, rows: int, block_m: int):
         """The bound launcher of GEMM `weight` ("w13" or "w2") whose token tile is `block_m`: the bucket of `rows`

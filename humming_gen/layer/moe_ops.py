@@ -92,7 +92,8 @@ def fused_moe(x: torch.Tensor, layer: "QuantMoE", topk_weights: torch.Tensor, to
     routed_scaling_factor: multiplies the router weights (DeepSeek's routed_scaling_factor).
     output: optional (M, H) tensor of the layer's dtype to write into (vLLM's inplace=True passes x here).
     Returns the (M, H) output (`output` when given). Not served (and not arguments): vLLM's quant_config (the
-    layer's scheme decides), activation (the layer's), w1_zp / a1_scale (activations stay 16-bit).
+    layer's scheme decides), activation (the layer's), w1_zp, a1_scale / a2_scale (a layer whose scheme quantizes
+    activations quantizes x and the intermediate itself, with its weights' input_scale where static).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -136,7 +137,8 @@ def _moe_gemm_op(a: torch.Tensor, out: torch.Tensor, layer_id: int, weight: str,
     if weight == "w2":
         topk_weights = (torch.ones(out.shape[0], dtype=torch.float32, device=out.device) if topk_weights is None
                         else topk_weights.to(torch.float32).contiguous().reshape(-1))
-    launcher.moe(a, out, _Routing(sorted_ids, expert_ids, num_tokens_post_pad), top_k, topk_weights)
+    a, a_scale = layer.gemm_input(a, _WEIGHTS.index(weight))  # codes and scales where the scheme quantizes a
+    launcher.moe(a, out, _Routing(sorted_ids, expert_ids, num_tokens_post_pad), top_k, topk_weights, a_scale=a_scale)
 
 
 @_moe_gemm_op.register_fake
@@ -213,6 +215,8 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
         layer's tiles (`layer.block_m(M, top_k)` is the one its own forward uses); sentinel entries hold
         M * top_k; at least M * top_k + min(E, M * top_k) * (block_m - 1) (floored to block_m) entries, as vLLM's
         moe_align_block_size allocates; entries at or past the total are not read.
+    A layer whose scheme quantizes activations quantizes `a` first (per row; a dynamic per-tensor scale is the
+    amax of every row of `a`, so rows the routing skips should hold zeros or real values).
     layout: "indexed"; the grouped layouts (pre-permuted segments, DeepEP's [E, max_m, K]) take no sorted ids:
         use `grouped_moe_gemm`.
     """
@@ -247,6 +251,8 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     layout="grouped_contiguous": a (R, K) with expert e's rows [expert_layout[e], expert_layout[e + 1]) (E + 1
         int32 offsets, DeepGEMM's contiguous layout without padding); out (R, N).
     weight: "w13" (N = 2I) or "w2" (N = H).
+    A layer whose scheme quantizes activations quantizes the rows of `a` first (a dynamic per-tensor scale is
+    refused for grouped_masked: its amax would read the rows past the counts).
     """
     if layout not in ("grouped_masked", "grouped_contiguous"):
         raise ValueError(f"layout={layout!r}; allowed: 'grouped_masked', 'grouped_contiguous' (sorted ids: moe_gemm)")
@@ -281,7 +287,15 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     elif tuple(out.shape) != shape or out.dtype != layer.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {layer.dtype} tensor of shape {shape}, got {out.dtype} "
                          f"{tuple(out.shape)}")
+    index = _WEIGHTS.index(weight)
+    act = layer.activation_schemes[index]
+    if layout == "grouped_masked" and act is not None and act.granularity == "tensor" and \
+            layer._static_scales[index] is None:
+        raise ValueError(f"layout='grouped_masked' with a dynamic per-tensor activation scale ({act.dtype.name}): "
+                         f"its amax would read the rows past each expert's count; use grouped_contiguous or a "
+                         f"static input_scale")
     if rows:
         launcher = layer.grouped_launcher(weight, layout, per_expert)
-        launcher.grouped(a.reshape(rows, k), out.view(rows, n), expert_layout)
+        codes, a_scale = layer.gemm_input(a.reshape(rows, k), index)
+        launcher.grouped(codes, out.view(rows, n), expert_layout, a_scale=a_scale)
     return out

@@ -156,7 +156,7 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: Grou
 
 def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
                compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
-    """The Params fields of a dense (or, with an indexed `compute`, MoE) kernel, in struct order."""
+    """The Params fields of a dense (or, with an MoE `compute`, MoE) kernel, in struct order."""
     dtype = layer.dtype
     args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
             KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
@@ -176,26 +176,39 @@ def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
                  KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
                            tensor="counters")]
     moe = compute is not None and compute.gemm == "indexed"
-    if compute is not None and compute.gemm in ("grouped_masked", "grouped_contiguous"):
-        layout = ("int32 rows in use per expert (E)" if compute.gemm == "grouped_masked"
-                  else "int32 first row of each expert's segment, and the end (E + 1)")
-        args.append(KernelArg("expert_layout", "const void*", ROUTING, layout, tensor="expert_layout"))
-    if moe:
-        args += [KernelArg("sorted_ids", "const void*", ROUTING, "int32 assignment per row of the m blocks (moe_align)",
-                           tensor="sorted_ids"),
-                 KernelArg("expert_ids", "const void*", ROUTING, "int32 local expert per m block, -1 past the total",
-                           tensor="expert_ids"),
-                 KernelArg("num_tokens_post_pad", "const void*", ROUTING, "int32 used rows of sorted_ids",
-                           tensor="num_tokens_post_pad")]
-        if compute.topk_weight:
-            args.append(KernelArg("topk_weights", "const void*", ROUTING, "fp32 router weight per assignment",
-                                  tensor="topk_weights"))
+    args += routing_args(compute) if compute is not None else []
     args += [KernelArg("m", "int", ROWS, "assignments (rows of c)" if moe else "rows of a and c"),
              KernelArg("lda", "int", LDA, "row stride of a, elements"),
              KernelArg("ldc", "int", LDC, "row stride of c, elements")]
-    if moe:
-        args.append(KernelArg("top_k", "int", TOP_K, "assignments per row of a (assignment i reads row i / top_k)"))
+    args += top_k_args(compute) if compute is not None else []
     return tuple(args)
+
+
+def routing_args(compute: ComputeConfig) -> list[KernelArg]:
+    """The routing fields of an MoE kernel's Params (after the output and scratch fields, before m)."""
+    if compute.gemm in ("grouped_masked", "grouped_contiguous"):
+        layout = ("int32 rows in use per expert (E)" if compute.gemm == "grouped_masked"
+                  else "int32 first row of each expert's segment, and the end (E + 1)")
+        return [KernelArg("expert_layout", "const void*", ROUTING, layout, tensor="expert_layout")]
+    if compute.gemm != "indexed":
+        return []
+    args = [KernelArg("sorted_ids", "const void*", ROUTING, "int32 assignment per row of the m blocks (moe_align)",
+                      tensor="sorted_ids"),
+            KernelArg("expert_ids", "const void*", ROUTING, "int32 local expert per m block, -1 past the total",
+                      tensor="expert_ids"),
+            KernelArg("num_tokens_post_pad", "const void*", ROUTING, "int32 used rows of sorted_ids",
+                      tensor="num_tokens_post_pad")]
+    if compute.topk_weight:
+        args.append(KernelArg("topk_weights", "const void*", ROUTING, "fp32 router weight per assignment",
+                              tensor="topk_weights"))
+    return args
+
+
+def top_k_args(compute: ComputeConfig) -> list[KernelArg]:
+    """The last Params field of an indexed MoE kernel: assignments per row of a."""
+    if compute.gemm != "indexed":
+        return []
+    return [KernelArg("top_k", "int", TOP_K, "assignments per row of a (assignment i reads row i / top_k)")]
 
 
 def kernel_name(layer: LayerConfig, tuning: TuningConfig, target: Target, suffix: str = "") -> str:

@@ -113,7 +113,8 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
                         topk_ids: torch.Tensor, *, activation: str = "silu_mul", gate_up_layout: str = "split",
                         expert_map: torch.Tensor | None = None, bias13: torch.Tensor | None = None,
                         bias2: torch.Tensor | None = None, swiglu_alpha: float = 1.702,
-                        swiglu_limit: float = 7.0) -> torch.Tensor:
+                        swiglu_limit: float = 7.0, activation_scheme=None,
+                        intermediate_dtype: torch.dtype | None = None, fused_activation: bool = False) -> torch.Tensor:
     """A whole MoE layer in float64: (M, H) = sum_j topk_weights[m, j] * expert(x[m]) over the kept slots j.
 
     x (M, H); w13 (E, 2I, H) (gate / up rows as `gate_up_layout` says); w2 (E, H, I); bias13 (E, 2I), bias2
@@ -121,6 +122,12 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     e the local expert: topk_ids index expert_map (global -> local, -1 for other ranks' experts) when given, else
     w13 directly. Skipped slots (id -1, out of range, or mapped to -1) add nothing: a token whose slots are all
     skipped gives a zero row. Float weights: quantize them first (QuantizedWeight.dequantize) to check a kernel.
+    activation_scheme: an ActivationScheme (quantized activations, W8A8 / W4A8): both GEMM inputs go through
+    `activation_scheme.quantize(.).dequantize()`, x as (M, H) and the gated activations as the (M * topk, I) rows
+    of every assignment (zero rows for skipped slots, which a per-tensor scale therefore ignores).
+    intermediate_dtype: the dtype a pipeline stores between its kernels (QuantMoE: the layer's): GEMM1's output
+    (unless fused_activation: the activation is applied to it in the epilogue) and the gated activation are
+    rounded to it, so that quantizing GEMM2's input sees the values the kernels see. None: float64 throughout.
     """
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"reference_fused_moe: x (M, H), w13 (E, 2I, H), w2 (E, H, I); got {tuple(x.shape)}, "
@@ -135,14 +142,27 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     f64 = torch.float64
     local = local_experts(topk_ids, num_experts, expert_map).reshape(topk_ids.shape)
     xd = x.to(f64)
+    if activation_scheme is not None:
+        xd = activation_scheme.quantize(xd).dequantize(f64)
     out = torch.zeros(x.shape[0], hidden, dtype=f64, device=x.device)
     weights = topk_weights.to(f64)
-    for e in torch.unique(local[local >= 0]).tolist():  # one pair of GEMMs per used expert
+    act = torch.zeros(*topk_ids.shape, two_i // 2, dtype=f64, device=x.device)  # per assignment (m, j)
+    experts = torch.unique(local[local >= 0]).tolist()
+    for e in experts:  # GEMM1 and the gated activation per used expert
         m, j = torch.nonzero(local == e, as_tuple=True)
         h = xd[m] @ w13[e].to(f64).T
         if bias13 is not None:
             h = h + bias13[e].to(f64)
-        y = gated_activation(h, activation, gate_up_layout, swiglu_alpha, swiglu_limit) @ w2[e].to(f64).T
+        if intermediate_dtype is not None and not fused_activation:
+            h = h.to(intermediate_dtype).to(f64)
+        act[m, j] = gated_activation(h, activation, gate_up_layout, swiglu_alpha, swiglu_limit)
+    if intermediate_dtype is not None:
+        act = act.to(intermediate_dtype).to(f64)
+    if activation_scheme is not None:
+        act = activation_scheme.quantize(act.reshape(-1, two_i // 2)).dequantize(f64).reshape(act.shape)
+    for e in experts:  # GEMM2 and the weighted sum
+        m, j = torch.nonzero(local == e, as_tuple=True)
+        y = act[m, j] @ w2[e].to(f64).T
         if bias2 is not None:
             y = y + bias2[e].to(f64)
         out.index_add_(0, m, weights[m, j, None] * y)

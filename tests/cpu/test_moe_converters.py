@@ -109,11 +109,12 @@ def test_deepseek_fp8_block_moe_matches_definition(tmp_path):
     expected2 = torch.stack([refs[e, "down_proj"] for e in range(E)])
     assert torch.equal(w.q13.dequantize(torch.float64), expected13)
     assert torch.equal(w.q2.dequantize(torch.float64), expected2)
-    # QuantMoE serves 16-bit activations: the layer runs these experts weight-only (W8A16)
+    # to_layer runs these experts weight-only (W8A16); as converted (fp8 activations per 1 x 128 group) they need
+    # K = hidden a multiple of 128 (tests/cpu/test_moe_gemm_a8.py builds such layers)
     only = w.weight_only()
     assert only.q13.scheme.activation is None and only.q2.scheme.activation is None
     assert torch.equal(only.q13.dequantize(torch.float64), expected13)
-    with pytest.raises(ValueError, match="quantized activations are not generated yet"):
+    with pytest.raises(ValueError, match="k=320 is not a multiple of the activation scheme's group_size=128"):
         hg.QuantMoE.from_quantized(w.q13, w.q2, target="sm_90a", device="cpu")
     moe = w.to_layer(target="sm_90a", device="cpu")
     assert (moe.num_experts, moe.hidden, moe.intermediate, moe.activation) == (E, hidden, inter, "silu_mul")

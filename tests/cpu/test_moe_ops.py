@@ -26,7 +26,8 @@ class MoeStandIn:
         self.kernel, self.w, self.bias = kernel, w, bias
         self.calls = 0
 
-    def moe(self, a, out, routing, top_k, topk_weights=None):
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None):
+        assert a_scale is None  # 16-bit activations
         self.calls += 1
         weighted = self.kernel.plan.compute.topk_weight
         assert (topk_weights is not None) == weighted

@@ -72,20 +72,23 @@ class StoreOutput(Component):
     # Quantized activations: their scale multiplies the output too, per token ("token": p.a_scale[m]) or one per
     # tensor ("tensor": p.a_scale[0]); "" without.
     token_scale: str = option_field("")
-    # MoE (indexed): tile row m is assignment sorted_ids[m], the row of c it writes (padding rows are skipped);
-    # topk_weight: times that assignment's router weight.
+    # MoE (indexed): tile row m is assignment sorted_ids[m], the row of c it writes (padding rows are skipped), and
+    # its per-token activation scale is that of row sorted_ids[m] / top_k of a; topk_weight: times the assignment's
+    # router weight.
     row_map: bool = option_field()
     topk_weight: bool = option_field()
     # MoE GEMM1: gate and up rows interleaved by 8 in each 16-row tile; the store writes act(gate, up) (N / 2 columns)
     gated: str = option_field("")
 
     def __attrs_post_init__(self) -> None:
-        if self.row_map and (self.fragment_store or self.token_scale):
-            raise ValueError("StoreOutput.row_map (MoE) is not combined with fragment_store or token_scale")
+        if self.row_map and self.fragment_store:
+            raise ValueError("StoreOutput.row_map (MoE) is not combined with fragment_store")
         if self.gated not in ("", "silu_mul", "gelu_mul", "swiglu_oai"):
             raise ValueError(f"StoreOutput.gated={self.gated!r}; allowed: '', 'silu_mul', 'gelu_mul', 'swiglu_oai'")
-        if self.gated and (not self.row_map or self.atom is not MMA_SYNC_M16N8K16):
-            raise ValueError("StoreOutput.gated needs row_map (MoE GEMM1) and the mma.sync fragment order")
+        c_order = (self.atom.m, self.atom.c_row_expr) == (MMA_SYNC_M16N8K16.m, MMA_SYNC_M16N8K16.c_row_expr)
+        if self.gated and (not self.row_map or not c_order):
+            raise ValueError("StoreOutput.gated needs row_map (MoE GEMM1) and the mma.sync accumulator order (rows g "
+                             "and g + 8 of a 16-row tile)")
         if self.topk_weight and not self.row_map:
             raise ValueError("StoreOutput.topk_weight needs row_map (an MoE kernel)")
         if self.token_scale not in ("", "token", "tensor"):
@@ -106,8 +109,12 @@ class StoreOutput(Component):
                          | ({"to_float"} if self.bias else set()))
 
     def extra_context(self) -> dict:
-        suffix = ((" * scale" if self.out_scale else "") + {"": "", "token": " * a_scale[m]", "tensor": " * a_scale"}[
-            self.token_scale] + (" + bias" if self.bias else ""))
+        # row-mapped per-token scales are looked up once per token column, beside the rows (token_scales[mt][j])
+        row_token_scale = self.row_map and self.token_scale == "token"
+        token = {"": "", "token": " * a_scale[m]", "tensor": " * a_scale"}[self.token_scale]
+        if row_token_scale:
+            token = " * token_scales[mt][j]"
+        suffix = (" * scale" if self.out_scale else "") + token + (" + bias" if self.bias else "")
         decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
                 "tensor": "const float a_scale = *static_cast<const float*>(p.a_scale);"}[self.token_scale]
         value = "acc[nt][mt][2 * half + j]" + suffix
@@ -115,11 +122,11 @@ class StoreOutput(Component):
         if self.topk_weight:
             value = f"({value}) * weights[mt][j]"
             gated_value += " * weights[mt][j]"
-        gate_suffix = (" * scale_gate" if self.out_scale else "") + (" + bias_gate" if self.bias else "")
-        up_suffix = (" * scale_up" if self.out_scale else "") + (" + bias_up" if self.bias else "")
+        gate_suffix = (" * scale_gate" if self.out_scale else "") + token + (" + bias_gate" if self.bias else "")
+        up_suffix = (" * scale_up" if self.out_scale else "") + token + (" + bias_up" if self.bias else "")
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
                 "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
                 "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl,
-                "gated_value": gated_value, "gate_suffix": gate_suffix, "up_suffix": up_suffix,
-                "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": SWIGLU_LIMIT}
+                "row_token_scale": row_token_scale, "gated_value": gated_value, "gate_suffix": gate_suffix,
+                "up_suffix": up_suffix, "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": SWIGLU_LIMIT}

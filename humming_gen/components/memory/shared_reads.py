@@ -69,11 +69,14 @@ class GroupScalesGlobal(Component):
     needs: ClassVar[frozenset[str]] = frozenset({"Params"})
     weight_groups: bool
     activation_groups: bool
+    # MoE (indexed): a token column's activation scales are those of the row its assignment reads (the routing)
+    gather: bool = option_field()
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
+        gather = {"activation_scale_rows"} if self.gather and self.activation_groups else set()
         return frozenset(({"load_weight_group_scales"} if self.weight_groups else set())
-                         | ({"load_activation_group_scales"} if self.activation_groups else set()))
+                         | ({"load_activation_group_scales"} if self.activation_groups else set()) | gather)
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ class Standard:
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
         needs = StandardPipeline.requires | ATileCpAsync.requires
         if layer.scheme.activation is not None:
-            return (common_reasons(layer, compute, target, quantized_activations=True)
+            return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS)
                     + _compose_a8.scheme_reasons(layer) + lacking(target, needs, "standard pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS)
                 + lacking(target, needs, "standard pipeline"))

@@ -15,21 +15,20 @@ from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import (DenseSchedule, DenseSplitKSchedule, MoeGroupedSchedule,
-                                                   MoeIndexedSchedule)
+from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
                                           group_constants, group_offset_constants, group_plan, has_out_scale,
                                           kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
-                                          offset_constant, split_k_reasons, weight_layout)
+                                          split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard import compose_a8
+from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_reasons, moe_schedule
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout, BLayout8
 from humming_gen.targets import Target
 
-MOE_GEMMS = ("indexed", "grouped_contiguous", "grouped_masked")  # MoE gemm types generated (16-bit activations)
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
 
@@ -123,26 +122,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     t = tuning
     if s.activation is not None:
         smem = shared_memory(layer, t)
-        return compose_a8.compose(layer, compute, t, target,
-                                  common_reasons(layer, compute, target, quantized_activations=True)
-                                  + shared_reasons(smem, t, target), b_layout_of(layer, t), smem.total, smem.stage,
+        reasons = (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=MOE_GEMMS)
+                   + moe_reasons(layer, compute, t) + shared_reasons(smem, t, target))
+        return compose_a8.compose(layer, compute, t, target, reasons, b_layout_of(layer, t), smem.total, smem.stage,
                                   smem.a)
     reasons = common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + tuning_reasons(t)
     moe = compute.gemm in MOE_GEMMS
     gather = compute.gemm == "indexed"  # rows through the routing; grouped types read row windows
-    if compute.epilogue_activation is not None and not gather:
-        reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r} needs gemm='indexed' (MoE GEMM1: "
-                       f"gate and up rows interleaved by 8 in each 16-row tile), got gemm={compute.gemm!r}")
-    if compute.epilogue_activation is not None and layer.n % 16:
-        reasons.append(f"compute.epilogue_activation needs whole 16-row tiles of gate and up rows: n={layer.n} is "
-                       f"not a multiple of 16")
-    if compute.topk_weight and not gather:
-        reasons.append(f"compute.topk_weight with gemm={compute.gemm!r}: the router weights are applied by the "
-                       f"caller's combine step for grouped layouts (only 'indexed' multiplies them)")
-    if moe and t.split_k > 1:
-        reasons.append(f"tuning.split_k={t.split_k}: MoE kernels take split_k=1 (their m blocks fill the GPU)")
-    if not moe and layer.num_experts > 1:
-        reasons.append(f"layer.num_experts={layer.num_experts}: an MoE layer needs compute.gemm='indexed'")
+    reasons += moe_reasons(layer, compute, t)
     dtype = layer.dtype
     warp_n, warp_k = t.block_n // t.warps_n, t.block_k // t.warps_k
     warp_m = t.block_m // t.warps_m
@@ -178,8 +165,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                      pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
                                      arbitrary_groups=group.arbitrary, odd_group_size=odd)]
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
-    schedule: list[Component] = [MoeIndexedSchedule() if gather else
-                                 MoeGroupedSchedule(masked=compute.gemm == "grouped_masked") if moe else
+    schedule: list[Component] = [moe_schedule(compute) if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:
@@ -194,19 +180,15 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     expert_group_bytes = (group.rows if group else 0) * n_pad * 2
     expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes,
                     "b_zero": expert_group_bytes, "out_scale": n_pad * 4, "bias": layer.n * 2}
-    expert_tensors = tuple((a.name, f"kExpert{offset_constant(a.name)}Bytes") for a in dense_args(layer, group, False)
-                           if moe and a.name in expert_bytes)
+    experts = expert_tensors(dense_args(layer, group, False), expert_bytes) if moe else ()
     pdl = target.has("pdl")
-    moe_suffix = {"indexed": "_moe", "grouped_masked": "_moe_masked", "grouped_contiguous": "_moe_contiguous"}
-    name = kernel_name(layer, t, target, suffix=(moe_suffix[compute.gemm] + ("_topkw" if compute.topk_weight else "")
-                                                 + (f"_{compute.epilogue_activation}"
-                                                    if compute.epilogue_activation else "") if moe else ""))
+    name = kernel_name(layer, t, target, suffix=moe_name_suffix(compute))
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
                                 hoist_group_params=hoist, slice_scale=slice_scale, dequant_params=apply.params,
                                 convert_in_extract=convert_in_extract,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl, arbitrary_groups=bool(group and group.arbitrary),
-                                expert_tensors=expert_tensors, grouped=moe and not gather)
+                                expert_tensors=experts, grouped=moe and not gather)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -234,7 +216,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
          "16-byte chunks per n block of the packed weight"),
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
-    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in expert_tensors]
+    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if moe else []
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)

@@ -7,6 +7,11 @@ Scales: per-channel / tensor weight scales and per-token / tensor activation sca
 epilogue (acc * a_scale[m] * w_scale[n]); group scales (DeepSeek 128 x 128 weight blocks, 1 x 128 activation
 groups, MXFP4's group-32 e8m0 scales) multiply each warp's partial sums when they are promoted into the fp32
 accumulators, every kPromoteK = gcd(warp k slice, group sizes) k.
+
+MoE (the gemm types of pipelines.standard.moe, as for 16-bit activations): per-expert weights, scales and biases
+rebased per block; indexed kernels gather rows of the codes through the routing and read each token column's
+activation scales (per token or per group) of the row its assignment reads, sorted_ids[m] / top_k; grouped kernels
+read row windows of codes and scales; router-weight multiply and the fused gated epilogue as for 16-bit.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, LDA, LDC, OUTPUT, ROWS, SCRATCH,
                                         WEIGHT, KernelArg, KernelPlan, TiledLaunch, WeightLayout, compose_error)
 from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scale, kernel_name, missing_features,
-                                          missing_symbols, padded_k, split_k_constants, split_k_reasons)
+                                          missing_symbols, padded_k, routing_args, split_k_constants, split_k_reasons,
+                                          top_k_args)
 from humming_gen.pipelines.standard.loaders import ATile8CpAsync, BTileCpAsync
+from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_schedule
 from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
 from humming_gen.targets import Target
@@ -119,9 +126,10 @@ def activation_name(layer: LayerConfig) -> str:
     return f"{a.dtype.name}{gran}"
 
 
-def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
-    """The Params fields, in struct order."""
+def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
+    """The Params fields, in struct order (with an MoE `compute`, its routing fields too)."""
     s, a = layer.scheme, layer.scheme.activation
+    gather = compute is not None and compute.gemm == "indexed"
     out = [KernelArg("a", "const void*", ACTIVATION, f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"),
            KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)"
                      if nibble_order(layer) is None else f"{s.weight.name} codes as nibbles "
@@ -132,7 +140,8 @@ def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
     if has_out_scale(s):
         out.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
     shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
-    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"fp32 activation scales {shape}"))
+    rows = " (rows of a)" if gather and a.granularity != "tensor" else ""
+    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"fp32 activation scales {shape}{rows}"))
     if layer.has_bias:
         out.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {layer.dtype}"))
     out.append(KernelArg("c", "void*", OUTPUT, f"output (m, n) {layer.out_dtype}, row stride ldc"))
@@ -140,8 +149,11 @@ def args(layer: LayerConfig, split_k: bool) -> tuple[KernelArg, ...]:
         out += [KernelArg("workspace", "void*", SCRATCH, "fp32 split-K partial tiles", tensor="workspace"),
                 KernelArg("counters", "void*", SCRATCH, "int32 arrival counter per output tile, zero between launches",
                           tensor="counters")]
-    out += [KernelArg("m", "int", ROWS, "rows of a and c"), KernelArg("lda", "int", LDA, "row stride of a, bytes"),
+    out += routing_args(compute) if compute is not None else []
+    out += [KernelArg("m", "int", ROWS, "assignments (rows of c)" if gather else "rows of a and c"),
+            KernelArg("lda", "int", LDA, "row stride of a, bytes"),
             KernelArg("ldc", "int", LDC, "row stride of c, elements")]
+    out += top_k_args(compute) if compute is not None else []
     return tuple(out)
 
 
@@ -179,19 +191,22 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     n_pad = math.ceil(layer.n / t.block_n) * t.block_n
     k_pad = padded_k(layer)
     wgroups, agroups = weight_group_k(layer) is not None, activation_group_k(layer) is not None
+    moe = compute.gemm in MOE_GEMMS
+    gather = compute.gemm == "indexed"  # rows (and their activation scales) through the routing
 
     numeric: list[Component] = []
     if order == "int8":
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8),
+    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather),
                                BTileShared8() if order is None else BTilePairShared4(),
                                BTileCpAsync(bits=b_layout.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if wgroups or agroups:
-        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups))
+        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups, gather=gather and agroups))
     mma: list[Component] = [MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
-    schedule: list[Component] = [DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
+    schedule: list[Component] = [moe_schedule(compute) if moe else
+                                 DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:
         epilogue.append(WarpKReduce(warps_k=t.warps_k))
@@ -199,13 +214,21 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKReduce(split_k=t.split_k))
     epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
                                 bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
-                                token_scale="" if agroups else a.granularity))
+                                token_scale="" if agroups else a.granularity, row_map=gather,
+                                topk_weight=compute.topk_weight, gated=compute.epilogue_activation or ""))
+    # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
+    b_stride = k_pad // t.block_k * b_layout.stage_bytes(t.warps_k)  # bytes of one n block of the packed weight
+    group_rows = math.ceil(k_pad / weight_group_k(layer)) if wgroups else 0
+    expert_bytes = {"b": n_pad // t.block_n * b_stride, "b_scale": group_rows * n_pad * 4, "out_scale": n_pad * 4,
+                    "bias": layer.n * 2}
+    experts = expert_tensors(args(layer, False), expert_bytes) if moe else ()
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}")
+    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + moe_name_suffix(compute))
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
-                                  pdl=pdl, nibbles=order is not None)
+                                  pdl=pdl, nibbles=order is not None, expert_tensors=experts,
+                                  grouped=moe and not gather)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -222,8 +245,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kWarpMTiles", warp_m // 8, "m8 mma tiles per warp"), ("kWarpNTiles", warp_n // 16, "n16 mma tiles per warp"),
         ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
         ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
-        ("kBStride", k_pad // t.block_k * b_layout.stage_bytes(t.warps_k) // 16,
-         "16-byte chunks per n block of the packed weight"),
+        ("kBStride", b_stride // 16, "16-byte chunks per n block of the packed weight"),
     ]
     if wgroups:
         constants.append(("kWeightGroupK", weight_group_k(layer), "k elements per weight scale group"))
@@ -231,10 +253,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kActivationGroupK", activation_group_k(layer), "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / activation_group_k(layer)),
                        "activation scale groups per token")]
-    constants += split_k_constants(t) + [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
+    constants += split_k_constants(t)
+    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in experts]
+    constants += [("kNumExperts", layer.num_experts, "")] if moe else []
+    constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
-                      components=components, constants=tuple(constants), args=args(layer, t.split_k > 1),
+                      components=components, constants=tuple(constants), args=args(layer, t.split_k > 1, compute),
                       layout=weight_layout(layer, b_layout, n_pad), group=None, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
-                                         split_k=t.split_k))
+                                         split_k=t.split_k, experts=layer.num_experts if moe else 1,
+                                         moe_gemm=compute.gemm if moe else ""))

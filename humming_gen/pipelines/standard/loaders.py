@@ -78,15 +78,21 @@ class ATile8CpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "ldmatrix"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async", "ldmatrix")
-    provides: ClassVar[frozenset[str]] = frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk",
-                                                   "load_a_stage", "load_a_fragments"})
     block_k: int
     warp_m_tiles: int
+    gather: bool = option_field()  # MoE: rows gathered through the routing's sorted assignments (as ATileCpAsync)
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        gather = {"kAChunksPerThread", "gather_rows"} if self.gather else set()
+        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk", "load_a_stage",
+                          "load_a_fragments"} | gather)
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
-                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set())
+                         | ({"Params"} if self.gather else set()))
 
     def extra_context(self) -> dict:
         return {"swizzle_mask": min(8, self.block_k // 16) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}

@@ -96,6 +96,13 @@ class StandardA8Pipeline(Component):
     min_blocks: int
     pdl: bool
     nibbles: bool = option_field()  # weights of at most 4 bits: load_b_tile_pair widens a tile pair's nibbles
+    # MoE, as StandardPipeline: the stacked weight tensors rebased per expert; grouped row windows, else gathered rows
+    expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: bool = option_field()
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_tensors)
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -111,11 +118,18 @@ class StandardA8Pipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
         needs |= {"split_k_reduce"} if self.split_k else set()
+        gathered = self.moe and not self.grouped
+        needs |= {"kAChunksPerThread", "gather_rows"} if gathered else set()
+        needs |= {"activation_scale_rows"} if gathered and self.activation_groups else set()
         return frozenset(needs)
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"for_expert"} if self.moe else set())
 
     def extra_context(self) -> dict:
         factors = ((" * w_scale[nt][i / 2]" if self.weight_groups else "")
                    + (" * a_scale[mt][i % 2]" if self.activation_groups else ""))
         partial = "static_cast<float>(acc_slice[nt][mt][i])" if self.integer else "acc_slice[nt][mt][i]"
         return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
-                "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles}
+                "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles, "moe": self.moe}

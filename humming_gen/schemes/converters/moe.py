@@ -45,8 +45,9 @@ class MoeWeights(NamedTuple):
     activation: str
 
     def weight_only(self) -> "MoeWeights":
-        """The same weights with activation quantization dropped (16-bit activations): what QuantMoE serves
-        today. A DeepSeek FP8 block checkpoint (fp8 activations per 128-group) then runs W8A16."""
+        """The same weights with activation quantization dropped (16-bit activations): what `to_layer` builds. A
+        DeepSeek FP8 block checkpoint (fp8 activations per 128-group) then runs W8A16; QuantMoE.from_quantized(q13,
+        q2) of the weights as converted runs them W8A8."""
         def drop(q: QuantizedWeight) -> QuantizedWeight:
             if q.scheme.activation is None and q.input_scale is None:
                 return q
@@ -127,8 +128,9 @@ def load_moe(checkpoint_dir: str | Path, prefix: str, format: str | None = None,
     """Read one MoE layer's experts from a safetensors checkpoint directory (only their tensors are read).
 
     prefix: the experts module (`model.layers.0.mlp.experts`; `block.0.mlp` for OpenAI's gpt-oss files).
-    Returns MoeWeights, CPU tensors as stored; `.to_layer(dtype=..., device=...)` builds the QuantMoE (weight-only:
-    QuantMoE serves 16-bit activations, so e.g. DeepSeek FP8 block experts run W8A16)."""
+    Returns MoeWeights, CPU tensors as stored; `.to_layer(dtype=..., device=...)` builds the QuantMoE (weight-only,
+    so e.g. DeepSeek FP8 block experts run W8A16; `QuantMoE.from_quantized(w.q13, w.q2, ...)` keeps their fp8
+    activations)."""
     from humming_gen.schemes.checkpoint import SafetensorsCheckpoint, _safetensors, read_quantization_config
 
     _safetensors()

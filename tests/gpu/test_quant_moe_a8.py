@@ -1,0 +1,234 @@
+"""QuantMoE and its MoE GEMMs with 8-bit activations (W8A8, W4A8: mma.sync m16n8k32) on the GPU against the
+float64 references, for the presets w8a8-fp8-channel, w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8 and
+w4a8-int4-g128-int8.
+
+The references quantize both GEMM inputs with the scheme's ActivationScheme (`quantize(.).dequantize()`, which
+humming_gen.quantize_activation matches bit for bit): x, and GEMM2's input, the gated activation. Every output the
+test owns is poisoned (NaN) before launch; inputs and routing are fresh random tensors per case, with -1 ids
+(dropped slots) and an expert_map whose -1 entries send experts to other ranks.
+
+Tolerances (relative Frobenius error unless stated):
+- one GEMM (`moe_gemm`, `grouped_moe_gemm`): its codes are the reference's, so what remains is the accumulation
+  order, the fp32 scaling and the output rounding: the dense W8A8 / W4A8 bounds (tests/gpu/test_linear_w8a8.py),
+  GEMM_TOLERANCE and every element within GEMM_ELEMENT_TOL of the largest reference value.
+- the whole layer: reference_fused_moe(activation_scheme=..., intermediate_dtype=the layer's dtype,
+  fused_activation=...) also rounds GEMM1's output and the activation where QuantMoE stores them, so GEMM2's codes
+  are those the kernels quantize, except the few whose bf16 value the kernel's fp32 GEMM1 rounds to the other side
+  than float64 does and that then land one code apart: one fp8 e4m3 step is 6-12 % of the value, one int8 step
+  1/127 of the row's largest value. LAYER_TOLERANCE per activation format (the CPU test of QuantMoE's host path
+  with float64 stand-ins, tests/cpu/test_moe_gemm_a8.py, measures 2.5e-3 from the output roundings alone);
+  without quantizing the activations the reference moves by 1.5e-2 (int8) to 4e-2 (fp8).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.reference.moe import local_experts, reference_fused_moe
+from test_quant_moe import _rel, _routing
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-int8-channel", "w4a8-mxfp4-fp8", "w4a8-int4-g128-int8")
+M_VALUES = (1, 7, 128, 1000)
+EXPERTS = (3, 19)
+H, I = 512, 256  # multiples of 128: the block128 activation groups tile both GEMMs' K
+LAYER_TOLERANCE = {"int8": 1e-2, "float8e4m3": 1.5e-2}
+GEMM_TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}
+GEMM_ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
+
+
+def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool = False, fused: bool = False,
+           activation: str = "silu_mul", layout: str = "split"):
+    torch.manual_seed(seed)
+    s = hg.scheme(preset)
+    q13 = s.quantize(torch.randn(e, 2 * I, H, device="cuda") * 0.05)
+    q2 = s.quantize(torch.randn(e, H, I, device="cuda") * 0.05)
+    b13 = (torch.randn(e, 2 * I, device="cuda") * 0.1).to(dtype) if biases else None
+    b2 = (torch.randn(e, H, device="cuda") * 0.1).to(dtype) if biases else None
+    moe = hg.QuantMoE.from_quantized(q13, q2, activation=activation, gate_up_layout=layout, bias13=b13, bias2=b2,
+                                     dtype=dtype, fused_activation=fused)
+    kernels = [k.kernel for pair in moe._launchers for k in pair]
+    assert {k.plan.tuning.mma for k in kernels} == {"m16n8k32"}, preset
+    return moe, q13, q2, b13, b2
+
+
+def _reference(moe, x, weights, ids, q13, q2, b13, b2, expert_map=None):
+    return reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(), weights.double(), ids,
+                               activation=moe.activation, gate_up_layout=moe.gate_up_layout, expert_map=expert_map,
+                               bias13=None if b13 is None else b13.double(), bias2=None if b2 is None else b2.double(),
+                               activation_scheme=moe.activation_schemes[0], intermediate_dtype=moe.dtype,
+                               fused_activation=moe.fused_activation)
+
+
+def _layer_cases():
+    for preset in PRESETS:
+        for e in EXPERTS:
+            for fused in (False, True):
+                if fused and preset == "w8a8-fp8-block128":
+                    continue  # refused: w13's block scales cannot follow the gate/up tile order (CPU test)
+                yield pytest.param(preset, e, fused, id=f"{preset}-e{e}-{'fused' if fused else 'torch'}-activation")
+
+
+@pytest.mark.parametrize("preset,e,fused", list(_layer_cases()))
+def test_quant_moe_a8_matches_reference(preset: str, e: int, fused: bool) -> None:
+    """fused_moe into a poisoned (M, H) output for M in M_VALUES and top-k 1, 2 and E, with dropped slots."""
+    activation, layout = ("swiglu_oai", "interleaved") if preset == "w4a8-mxfp4-fp8" else ("silu_mul", "split")
+    moe, q13, q2, b13, b2 = _layer(preset, e, seed=e, biases=e == 3, fused=fused, activation=activation,
+                                   layout=layout)
+    tolerance = LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name]
+    errors = {}
+    for m in M_VALUES:
+        for top_k in (1, 2, e):
+            x = torch.randn(m, H, device="cuda").to(moe.dtype)
+            x[0, :5] *= 20  # an outlier token: per-token scales differ by an order of magnitude
+            weights, ids = _routing(m, e, top_k, drop=0.1 if m > 1 else 0.0)
+            out = torch.full((m, H), float("nan"), dtype=moe.dtype, device="cuda")
+            assert hg.fused_moe(x, moe, weights, ids, output=out) is out
+            assert torch.isfinite(out).all(), f"m={m} top_k={top_k}: rows left unwritten or non-finite"
+            ref = _reference(moe, x, weights, ids, q13, q2, b13, b2)
+            errors[(m, top_k)] = _rel(out, ref)
+    bad = {k: err for k, err in errors.items() if not err < tolerance}
+    assert not bad, f"{preset}: relative error above {tolerance} at (m, top_k) {bad} (all {errors})"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_quant_moe_a8_fp16_expert_map_and_dropped_tokens(preset: str) -> None:
+    """fp16 layer, expert parallelism: ids are global over 2E experts, expert_map sends the lower half to -1; a
+    token whose slots are all elsewhere gets a zero row."""
+    e = 19
+    moe, q13, q2, b13, b2 = _layer(preset, e, seed=31, dtype=torch.float16, biases=True)
+    expert_map = torch.full((2 * e,), -1, dtype=torch.int32, device="cuda")
+    expert_map[e:] = torch.arange(e, dtype=torch.int32, device="cuda")
+    for m in M_VALUES:
+        x = torch.randn(m, H, device="cuda").half()
+        weights = torch.rand(m, 4, device="cuda")
+        ids = torch.randint(0, 2 * e, (m, 4), device="cuda", dtype=torch.int32)
+        ids[0] = torch.tensor([0, 1, -1, 5], device="cuda")  # every slot elsewhere or dropped
+        if m > 1:
+            ids[1, 2] = -1
+        out = moe(x, weights, ids, expert_map=expert_map)
+        ref = _reference(moe, x, weights, ids, q13, q2, b13, b2, expert_map=expert_map)
+        assert torch.equal(out[0], torch.zeros_like(out[0])), f"m={m}: a token with no local slot"
+        if m > 1:
+            err = _rel(out, ref)
+            assert err < LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name], f"m={m}: relative error {err:.3g}"
+
+
+def _check_rows(out, ref, dtype, what):
+    y = out.double()
+    assert torch.isfinite(y).all(), f"{what}: a routed row was not written"
+    err = _rel(y, ref)
+    assert err < GEMM_TOLERANCE[dtype], f"{what}: relative error {err:.3g}"
+    worst = ((y - ref).abs().max() / ref.abs().max()).item()
+    assert worst < GEMM_ELEMENT_TOL[dtype], f"{what}: largest element error {worst:.3g} of max |ref|"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
+    """moe_gemm on moe_align's routing into poisoned outputs: GEMM1 row i = q(x)[i // top_k] @ w13_e^T + b13_e,
+    GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) * topk_weight[i] (q: the scheme's activation quantization, applied to
+    the whole input as the layer does); rows of dropped slots stay NaN."""
+    e = 19
+    moe, q13, q2, b13, b2 = _layer(preset, e, seed=7, biases=True)
+    act = moe.activation_schemes[0]
+    w13, w2 = q13.dequantize().double(), q2.dequantize().double()
+    for m in M_VALUES:
+        top_k = 2
+        x = torch.randn(m, H, device="cuda").bfloat16()
+        weights, ids = _routing(m, e, top_k, drop=0.2 if m > 1 else 0.0)
+        bm = moe.block_m(m, top_k)
+        r = hg.moe_align(ids, e, bm)
+        h = torch.full((m * top_k, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda")
+        hg.moe_gemm(x, moe, "w13", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=top_k, block_m=bm,
+                    out=h)
+        expert = local_experts(ids, e).reshape(-1)
+        routed = expert >= 0
+        rows = (torch.arange(m * top_k, device="cuda") // top_k)[routed]
+        xq = act.quantize(x).dequantize(torch.float64)
+        ref = torch.einsum("ak,ank->an", xq[rows], w13[expert[routed]]) + b13.double()[expert[routed]]
+        assert torch.isnan(h[~routed]).all(), f"m={m}: a dropped assignment's row was written"
+        _check_rows(h[routed], ref, torch.bfloat16, f"{preset} w13 m={m}")
+        a = torch.randn(m * top_k, I, device="cuda").bfloat16()
+        y = torch.full((m * top_k, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+        hg.moe_gemm(a, moe, "w2", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=1, block_m=bm,
+                    topk_weights=weights.reshape(-1), out=y)
+        aq = act.quantize(a).dequantize(torch.float64)
+        ref2 = ((torch.einsum("ak,ank->an", aq[routed], w2[expert[routed]]) + b2.double()[expert[routed]])
+                * weights.reshape(-1).double()[routed, None])
+        assert torch.isnan(y[~routed]).all(), f"m={m}: a dropped assignment's row was written (w2)"
+        _check_rows(y[routed], ref2, torch.bfloat16, f"{preset} w2 m={m}")
+
+
+@pytest.mark.parametrize("layout", ["grouped_masked", "grouped_contiguous"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a8_grouped_moe_gemm(preset: str, layout: str) -> None:
+    """grouped_moe_gemm on rows grouped by expert (an empty expert, a full one), poisoned outputs: rows past an
+    expert's count (masked) and rows past the segments (contiguous) stay NaN."""
+    e = 19
+    moe, q13, q2, b13, b2 = _layer(preset, e, seed=11, biases=True)
+    act = moe.activation_schemes[0]
+    for weight, q, b, k, n in (("w13", q13, b13, H, 2 * I), ("w2", q2, b2, I, H)):
+        w = q.dequantize().double()
+        for rows_per_expert in (1, 7, 128, 1000):
+            if layout == "grouped_masked":
+                max_m = rows_per_expert
+                counts = torch.randint(0, max_m + 1, (e,), device="cuda", dtype=torch.int32)
+                counts[0], counts[1] = 0, max_m
+                a = torch.randn(e, max_m, k, device="cuda").bfloat16()
+                out = torch.full((e, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                hg.grouped_moe_gemm(a, moe, weight, counts, layout=layout, out=out)
+                aq = act.quantize(a.reshape(-1, k)).dequantize(torch.float64).reshape(e, max_m, k)
+                for j in range(e):
+                    c = int(counts[j])
+                    assert torch.isnan(out[j, c:]).all(), f"{weight} expert {j}: rows past its count were written"
+                    if c:
+                        _check_rows(out[j, :c], aq[j, :c] @ w[j].T + b[j].double(), torch.bfloat16,
+                                    f"{preset} {weight} masked expert {j} max_m={max_m}")
+            else:
+                counts = torch.randint(0, 2 * rows_per_expert + 1, (e,))
+                counts[3] = 0
+                offsets = torch.zeros(e + 1, dtype=torch.int32)
+                offsets[1:] = torch.cumsum(counts, 0)
+                rows = int(offsets[-1])
+                a = torch.randn(rows, k, device="cuda").bfloat16()
+                out = torch.full((rows + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                hg.grouped_moe_gemm(a, moe, weight, offsets.cuda(), layout=layout, out=out[:rows])
+                aq = act.quantize(a).dequantize(torch.float64)
+                ref = torch.cat([aq[offsets[j]:offsets[j + 1]] @ w[j].T + b[j].double() for j in range(e)])
+                assert torch.isnan(out[rows:]).all(), f"{weight}: rows past the segments were written"
+                _check_rows(out[:rows], ref, torch.bfloat16, f"{preset} {weight} contiguous rows={rows}")
+
+
+def test_a8_cuda_graph_replay_with_new_routing_and_no_host_sync() -> None:
+    """Quantizing x and the intermediate adds no host sync, and a captured forward replays with new routing."""
+    e = 19
+    moe, q13, q2, b13, b2 = _layer("w8a8-fp8-block128", e, seed=19)
+    m, top_k = 40, 2
+    x = torch.randn(m, H, device="cuda").bfloat16()
+    weights, ids = _routing(m, e, top_k)
+    moe(x, weights, ids)  # warm up (kernels load, moe_align and the quantize kernels compile)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe(x, weights, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe(x, weights, ids)
+        with torch.cuda.graph(graph, stream=stream):
+            out = moe(x, weights, ids)
+    torch.cuda.current_stream().wait_stream(stream)
+    new_weights, new_ids = _routing(m, e, top_k)
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    x.copy_(torch.randn(m, H, device="cuda").bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = _reference(moe, x, weights, ids, q13, q2, b13, b2)
+    assert _rel(out, ref) < LAYER_TOLERANCE["float8e4m3"]
