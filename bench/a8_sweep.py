@@ -14,12 +14,13 @@ from bench_dense import graph_time_us
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.pipelines.base import TuningPlan
+from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
-VARIANTS = [dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"), dict(block_m=192, raster="m_band"),
-            dict(block_m=64, raster="m_band"), dict(block_m=128, raster="m_band", stages=4)]
+VARIANTS = [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
+            dict(block_m=192, raster="n_major"), dict(block_m=160, raster="n_major")]  # {}: the heuristics' own
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()
@@ -32,6 +33,9 @@ for name in presets:
         built = []
         for v in VARIANTS:
             t = attrs.evolve(base, **v)
+            if v:  # as many stages as shared memory holds
+                t = attrs.evolve(t, stages=max(s for s in range(2, 9) if compose_a8.shared_memory(
+                    LayerConfig(n=n, k=k, scheme=scheme), attrs.evolve(t, stages=s)).fits(target)))
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:

@@ -123,8 +123,8 @@ def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
 @pytest.mark.parametrize("scheme", ["w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8",
                                     "w4a8-int4-g128-int8", "w4a8-int4-g128-fp8"])
 def test_a8_large_m(scheme: str) -> None:
-    """M = 4096 on a 4096 x 4096 layer: the warp-specialized kernels' 128-token tiles on every SM, K of 32 stages
-    (fp8 partial sums promoted 32 times)."""
+    """M = 4096 on a 4096 x 4096 layer: the warp-specialized kernels' 192-token tiles (128 with activation groups) on
+    every SM, K of 32 stages (fp8 partial sums promoted 32 times); M = 200: two tiles, the second partial."""
     torch.manual_seed(11)
     n = k = 4096
     w = torch.randn(n, k, device="cuda") * 0.05
@@ -132,6 +132,6 @@ def test_a8_large_m(scheme: str) -> None:
     layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
     assert_pipelines(layer)
     if layer.target.has("wgmma"):
-        assert layer.kernel_for(4096).plan.tuning.block_m == 128
+        assert layer.kernel_for(4096).plan.tuning.block_m in (128, 192)
     for m in (4096, 200):
         _check(layer, qw, None, torch.bfloat16, m, scheme)
