@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
+import attrs
+
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
+from humming_gen.layer.compute_type import resolve
 from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight
 from humming_gen.schemes import QuantizedWeight, QuantScheme
@@ -32,8 +35,10 @@ class QuantLinear(torch.nn.Module):
     """y = x @ W^T (+ bias) with W quantized. Build with `from_float` or `from_quantized`.
 
     All kernels (one per M bucket of the heuristics) are compiled in parallel at construction and share one
-    packed copy of the weight; `forward` picks the kernel for the batch's row count. weight_only=True runs a
-    scheme that also quantizes activations (FP8, W4A8, NVFP4 checkpoints) with 16-bit activations instead.
+    packed copy of the weight; `forward` picks the kernel for the batch's row count. A scheme that also quantizes
+    activations (FP8, W4A8, NVFP4 checkpoints) runs them quantized where the target's kernels serve them, else
+    falls back (fp4 -> fp8 -> 16-bit, logged once, `compute_dtype` says which runs; strict=True refuses);
+    weight_only=True always runs 16-bit activations.
     batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
     """
 
@@ -41,7 +46,7 @@ class QuantLinear(torch.nn.Module):
                  dtype: torch.dtype = torch.bfloat16, *, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, tunings: TuningPlan | None = None,
                  out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, strict: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.kernel import _resolve_target, build_many
@@ -53,25 +58,31 @@ class QuantLinear(torch.nn.Module):
         if qweight.codes.dim() != 2:
             raise ValueError(f"QuantLinear takes a (N, K) weight; got codes of shape {tuple(qweight.codes.shape)} "
                              f"(MoE weights need QuantMoE)")
-        if qweight.scheme.activation is not None and weight_only:
-            import attrs
-
-            qweight = attrs.evolve(qweight, scheme=attrs.evolve(qweight.scheme, activation=None))
         out_dtype = out_dtype or dtype
         if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
         self.in_features, self.out_features = qweight.k, qweight.n
         self.dtype = dtype
         self.out_dtype = out_dtype
+        self.target = _resolve_target(target)
+        self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
+        choice = resolve(qweight.scheme, _DTYPE_NAME[dtype], self.target.name,
+                         lambda s: self._quantized_activation_reasons(qweight, s, bias is not None, out_dtype),
+                         strict=strict, weight_only=weight_only, who="QuantLinear")
+        #: the activation type the MMA multiplies ("float8e4m3", "int8", or the 16-bit dtype where activations
+        #: are not quantized); may be a fallback from the scheme's own (humming_gen.layer.compute_type)
+        self.compute_dtype: str = choice.compute_dtype
+        self.fallback_reasons = choice.reasons
+        own_activation = choice.scheme.activation == qweight.scheme.activation
+        qweight = attrs.evolve(qweight, scheme=choice.scheme)
         self.scheme: QuantScheme = qweight.scheme
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
                                         dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])
-        self.target = _resolve_target(target)
-        self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
         self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
-        if self.activation_scheme is not None:
-            self._check_quantized_activations(qweight, _DTYPE_NAME[dtype])
+        act = self.activation_scheme
+        if act is not None and own_activation and qweight.input_scale is not None and act.granularity == "tensor":
+            self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
@@ -101,21 +112,17 @@ class QuantLinear(torch.nn.Module):
                            for m_max, kernel in self._buckets]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
-    def _check_quantized_activations(self, qweight: QuantizedWeight, dtype_name: str) -> None:
-        """ValueError naming why kernels with this scheme's quantized activations cannot run here."""
+    def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
+                                      out_dtype: torch.dtype) -> list[str]:
+        """What keeps kernels on this target from serving `scheme` (with its quantized activations) for qweight."""
         from humming_gen.pipelines.standard import STANDARD
 
-        act = self.activation_scheme
-        reasons = STANDARD.supports(self.layer_config, self.compute_config, self.target)
+        layer = LayerConfig(n=qweight.n, k=qweight.k, scheme=scheme, has_bias=has_bias, dtype=_DTYPE_NAME[self.dtype],
+                            out_dtype=_OUT_NAME[out_dtype])
+        reasons = STANDARD.supports(layer, self.compute_config, self.target)
         if qweight.k_perm is not None:
             reasons.append("act-order weights (k_perm) with quantized activations: the codes would need a gather")
-        if reasons:
-            raise ValueError(
-                f"the scheme quantizes activations ({act.dtype.name}, {act.granularity}), which kernels on "
-                f"{self.target.name} cannot serve:\n  - " + "\n  - ".join(reasons)
-                + f"\nPass weight_only=True to run the weights with {dtype_name} activations")
-        if qweight.input_scale is not None and act.granularity == "tensor":
-            self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
+        return reasons
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod

@@ -17,6 +17,7 @@ import torch
 
 import humming_gen.layer.moe_ops  # noqa: F401  (registers the humming_gen::fused_moe / moe_gemm ops)
 from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.layer.compute_type import resolve
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight
@@ -88,7 +89,7 @@ class QuantMoE(torch.nn.Module):
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False,
-                 weight_only: bool = False):
+                 weight_only: bool = False, strict: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings
@@ -119,6 +120,17 @@ class QuantMoE(torch.nn.Module):
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         self.dtype = dtype
         self.target = _resolve_target(target)
+        # where the target's kernels cannot serve a scheme's quantized activations: the next supported compute type,
+        # logged once (humming_gen.layer.compute_type); strict=True refuses
+        choices = [resolve(q.scheme, _DTYPE_NAME[dtype], self.target.name,
+                           lambda s, q=q, c=c: self._activation_reasons(q, s, c), strict=strict, weight_only=False,
+                           who=f"QuantMoE {name}")
+                   for name, q, c in (("q13", q13, ComputeConfig(gemm="indexed")),
+                                      ("q2", q2, ComputeConfig(gemm="indexed", topk_weight=True)))]
+        q13, q2 = (q if c.scheme == q.scheme else attrs.evolve(q, scheme=c.scheme, input_scale=None)
+                   for q, c in zip((q13, q2), choices))
+        #: the activation types the two GEMMs multiply (gate/up, down): a scheme's own or a fallback
+        self.compute_dtypes = tuple(c.compute_dtype for c in choices)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -169,6 +181,12 @@ class QuantMoE(torch.nn.Module):
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
+
+    def _activation_reasons(self, q: QuantizedWeight, scheme: "QuantScheme", compute: ComputeConfig) -> list[str]:
+        from humming_gen.pipelines.standard import STANDARD
+
+        layer = LayerConfig(n=q.n, k=q.k, scheme=scheme, num_experts=q.shape[0], dtype=_DTYPE_NAME[self.dtype])
+        return STANDARD.supports(layer, compute, self.target)
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
                                      compute: ComputeConfig) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 """Checkpoints whose scheme quantizes activations (FP8 per tensor with a static input scale, DeepSeek FP8 128 x 128
 blocks, compressed-tensors W8A8 int8 and fp8, ModelOpt NVFP4) converted and built into QuantLinear on the CPU for
-sm_90a: the W8A8 ones compose the 8-bit-activation kernels (and keep the checkpoint's static scale), W4A4 is
-refused naming weight_only=True, which then builds the 16-bit path; fp8 on sm_80 is refused naming the feature."""
+sm_90a: the W8A8 ones compose the 8-bit-activation kernels (and keep the checkpoint's static scale); W4A4 (no fp4
+MMA on sm_90a) and fp8 on sm_80 fall back to 16-bit activations, logged, or are refused with strict=True naming
+what is missing."""
 
 from __future__ import annotations
 
@@ -52,17 +53,29 @@ def test_w8a8_checkpoints_compose_8_bit_activation_kernels(name: str) -> None:
     qw = W8A8[name]()
     assert qw.scheme.activation is not None
     layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
-    assert {k.plan.tuning.mma for k in layer.kernels} == {"m16n8k32"}, name
+    assert {k.plan.tuning.mma for k in layer.kernels} == {"m16n8k32", "wgmma"}, name
+    assert layer.compute_dtype == qw.scheme.activation.dtype.name
     if qw.input_scale is not None and qw.scheme.activation.granularity == "tensor":
         assert layer._static_scale is not None and layer._static_scale.item() == qw.input_scale.item()
     if qw.scheme.activation.dtype.name.startswith("float8"):
         with pytest.raises(ValueError, match="mma_fp8"):
-            hg.QuantLinear.from_quantized(qw, target="sm_80", device="cpu")
+            hg.QuantLinear.from_quantized(qw, target="sm_80", device="cpu", strict=True)
+        layer = hg.QuantLinear.from_quantized(qw, target="sm_80", device="cpu")
+        assert layer.compute_dtype == "bfloat16" and layer.activation_scheme is None
+        assert layer._static_scale is None and any("mma_fp8" in r for r in layer.fallback_reasons)
 
 
-def test_w4a4_checkpoint_is_refused_and_runs_weight_only() -> None:
+def test_w4a4_checkpoint_falls_back_or_is_refused_with_strict(caplog) -> None:
     qw = _modelopt_nvfp4()
-    with pytest.raises(ValueError, match="weight_only=True"):
+    with pytest.raises(ValueError, match="weight_only=True") as e:
+        hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu", strict=True)
+    assert "float4e2m1" in str(e.value) and "strict=True" in str(e.value)
+    with caplog.at_level("WARNING", logger="humming_gen"):
+        layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
         hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
+    fallback_logs = [r for r in caplog.records if "float4e2m1 activations" in r.getMessage()]
+    assert len(fallback_logs) <= 1  # once per (scheme, target, result) in the process
+    assert layer.compute_dtype == "bfloat16" and layer.activation_scheme is None
+    assert {k.plan.tuning.mma for k in layer.kernels} <= {"m16n8k16", "wgmma"}
     layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu", weight_only=True)
     assert {k.plan.tuning.mma for k in layer.kernels} <= {"m16n8k16", "wgmma"}

@@ -399,7 +399,7 @@ def test_error_lists_every_reason_once() -> None:
                          tuning=tuning)
     lines = msg.splitlines()[1:]
     assert len(lines) == len(set(lines)) >= 4
-    for needle in ("tuning.mma", "compute.gemm", "activation", "tuning.split_k"):
+    for needle in ("tuning.mma", "compute.gemm", "tuning.block_k", "tuning.split_k"):
         assert sum(needle in line for line in lines) == 1, needle
 
 

@@ -202,11 +202,16 @@ def test_quant_moe_builds_8_bit_activation_kernels_and_refuses_what_the_target_c
         kernels = [k for pair in moe._kernels for k in pair]
         assert {k.plan.tuning.mma for k in kernels} == {"m16n8k32"}
         assert {k.plan.compute.gemm for k in kernels} == {"indexed"}
+        assert moe.compute_dtypes == (hg.scheme(scheme).activation.dtype.name,) * 2
     with pytest.raises(ValueError, match="lacks 'mma_fp8'"):
-        QuantMoE.from_float(w13, w2, "w8a8-fp8-channel", target="sm_80", device="cpu")
+        QuantMoE.from_float(w13, w2, "w8a8-fp8-channel", target="sm_80", device="cpu", strict=True)
+    moe = QuantMoE.from_float(w13, w2, "w8a8-fp8-channel", target="sm_80", device="cpu")  # falls back, logged
+    assert moe.compute_dtypes == ("bfloat16", "bfloat16") and moe.activation_schemes == (None, None)
     with pytest.raises(ValueError, match="float4e2m1: kernels with quantized activations") as e:
-        QuantMoE.from_float(w13, w2, "w4a4-nvfp4", target="sm_90a", device="cpu")
-    assert "q13: the scheme quantizes activations" in str(e.value) and "weight_only=True" in str(e.value)
+        QuantMoE.from_float(w13, w2, "w4a4-nvfp4", target="sm_90a", device="cpu", strict=True)
+    assert "the scheme quantizes activations" in str(e.value) and "weight_only=True" in str(e.value)
+    assert QuantMoE.from_float(w13, w2, "w4a4-nvfp4", target="sm_90a", device="cpu").compute_dtypes == (
+        "bfloat16", "bfloat16")
     moe = QuantMoE.from_float(w13, w2, "w4a4-nvfp4", target="sm_90a", device="cpu", weight_only=True)
     assert moe.activation_schemes == (None, None)
     assert {k.plan.tuning.mma for pair in moe._kernels for k in pair} == {"m16n8k16"}

@@ -91,7 +91,10 @@ def test_fp8_on_sm80_names_the_feature() -> None:
 
 
 @pytest.mark.parametrize("scheme,needle", [
-    ("w4a4-nvfp4", "8-bit activations"), ("w8a8-mxfp8", "float32 activation scales")])
+    ("w4a4-nvfp4", "8-bit activations"), (hg.QuantScheme("float8e4m3", granularity="channel", scale_dtype="float32",
+                                                       activation=hg.ActivationScheme("float8e4m3", granularity="token",
+                                                                                      scale_dtype="float8e8m0")),
+                                        "e8m0 activation scales are read per group")])
 def test_unserved_schemes_are_refused_with_their_reason(scheme: str, needle: str) -> None:
     with pytest.raises(ComposeError, match=needle):
         _plan(scheme, "sm_90a", k=4096)
@@ -185,13 +188,45 @@ def test_launcher_requires_activation_scales() -> None:
         launcher(codes, out)
 
 
-def test_quantlinear_refuses_unserved_schemes_clearly() -> None:
+def test_quantlinear_refuses_unserved_schemes_clearly_with_strict() -> None:
     w = torch.randn(256, 512)
     with pytest.raises(ValueError, match="8-bit activations") as e:
-        hg.QuantLinear.from_float(w, "w4a4-nvfp4", target="sm_90a", device="cpu")
+        hg.QuantLinear.from_float(w, "w4a4-nvfp4", target="sm_90a", device="cpu", strict=True)
     assert "weight_only=True" in str(e.value)
     with pytest.raises(ValueError, match="mma_fp8"):
-        hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_80", device="cpu")
+        hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_80", device="cpu", strict=True)
+
+
+@pytest.mark.parametrize("preset,target,compute", [
+    ("w4a4-nvfp4", "sm_90a", "bfloat16"),        # no fp4 MMA; NVFP4's group-16 weight scales keep fp8 out too
+    ("w8a8-fp8-channel", "sm_80", "bfloat16"),   # no fp8 mma.sync before sm_89
+    ("w8a8-int8-channel", "sm_80", "int8"),
+    ("w8a8-mxfp8", "sm_90a", "float8e4m3"),      # e8m0 activation scales read as powers of two
+    ("w8a8-fp8-channel", "sm_90a", "float8e4m3")])
+def test_compute_dtype_falls_back_to_the_next_supported_type(preset: str, target: str, compute: str) -> None:
+    layer = hg.QuantLinear.from_float(torch.randn(256, 512), preset, target=target, device="cpu")
+    assert layer.compute_dtype == compute
+    assert (layer.activation_scheme is None) == (compute == "bfloat16")
+    assert bool(layer.fallback_reasons) == (compute != hg.scheme(preset).activation.dtype.name)
+
+
+def test_fp4_activations_fall_back_to_fp8_where_the_weights_allow() -> None:
+    """fp4 activations -> 8-bit ones, per token, when the weights' scales fit the 8-bit kernels (group 32 here)."""
+    scheme = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",
+                            activation=hg.ActivationScheme("float4e2m1", granularity="group", group_size=32,
+                                                           scale_dtype="float8e8m0"))
+    layer = hg.QuantLinear.from_float(torch.randn(256, 512), scheme, target="sm_90a", device="cpu")
+    assert layer.compute_dtype == "float8e4m3" and layer.activation_scheme.granularity == "token"
+    layer = hg.QuantLinear.from_float(torch.randn(256, 512), scheme, target="sm_80", device="cpu")
+    assert layer.compute_dtype == "bfloat16"
+
+
+def test_mxfp8_activation_scales_are_read_as_e8m0_bytes() -> None:
+    for m in (1, 1000):
+        src = _source("w8a8-mxfp8", m=m, k=4096)
+        assert ("e8m0_scale(p.a_scale" in src) if m == 1 else ("<< 23" in src and "const unsigned char* a_scales" in src)
+        assert "e8m0 (byte) activation scales [m][k groups]" in src
+    assert "e8m0" not in _source("w8a8-fp8-block128", m=1000)
 
 
 def test_quantlinear_shares_one_weight_between_both_pipelines() -> None:

@@ -135,3 +135,39 @@ def test_a8_large_m(scheme: str) -> None:
         assert layer.kernel_for(4096).plan.tuning.block_m in (128, 192)
     for m in (4096, 200):
         _check(layer, qw, None, torch.bfloat16, m, scheme)
+
+
+MXFP4_MXFP8 = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",
+                             activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32,
+                                                            scale_dtype="float8e8m0"))
+MXFP4_FP8_G32 = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",
+                               activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32))
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", MXFP4_MXFP8, MXFP4_FP8_G32],
+                         ids=["mxfp8", "mxfp4-x-mxfp8", "mxfp4-x-fp8-g32"])
+@pytest.mark.parametrize("n,k", [(1024, 2048), (576, 7168)])
+def test_group32_activation_scales(scheme, n: int, k: int) -> None:
+    """Group-32 activation scales, e8m0 (MX, read as powers of two) or fp32, promoted every 32 k on both pipelines
+    (M = 200 and 1000 take the warp-specialized kernels on sm_90a)."""
+    torch.manual_seed(n)
+    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    assert layer.compute_dtype == "float8e4m3" and not layer.fallback_reasons
+    assert_pipelines(layer)
+    for m in (1, 64, 200, 1000):
+        _check(layer, qw, None, torch.bfloat16, m, f"{scheme}")
+
+
+def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:
+    """NVFP4 (fp4 activations, no fp4 MMA on sm_90a; group-16 weight scales keep the fp8 kernels out): the layer
+    runs the weights with bf16 activations and says so; the reference is the weight-only product."""
+    import attrs
+
+    torch.manual_seed(8)
+    qw = hg.scheme("w4a4-nvfp4").quantize(torch.randn(1024, 2048, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    assert layer.compute_dtype == "bfloat16" and layer.fallback_reasons
+    weight_only = attrs.evolve(qw, scheme=attrs.evolve(qw.scheme, activation=None))
+    for m in (1, 300):
+        _check(layer, weight_only, None, torch.bfloat16, m, "w4a4-nvfp4 fallback")

@@ -71,6 +71,7 @@ class GroupScalesGlobal(Component):
     activation_groups: bool
     # MoE (indexed): a token column's activation scales are those of the row its assignment reads (the routing)
     gather: bool = option_field()
+    activation_e8m0: bool = option_field()  # activation scales stored as e8m0 bytes (MX), else fp32
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]

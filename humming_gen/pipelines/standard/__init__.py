@@ -3,6 +3,7 @@ split-K. Every target from sm_80 on; the fastest at small M (decode)."""
 
 from __future__ import annotations
 
+from humming_gen.components.mma.mma_sync import MmaSyncM16N8K32
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.pipelines import weights as _weights
 from humming_gen.pipelines.common import common_reasons, lacking
@@ -25,8 +26,12 @@ class Standard:
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
         needs = StandardPipeline.requires | ATileCpAsync.requires
         if layer.scheme.activation is not None:
+            scheme_reasons = _compose_a8.scheme_reasons(layer)
+            if not scheme_reasons:  # the 8-bit mma.sync of these operand types
+                needs = needs | MmaSyncM16N8K32(weight=_compose_a8.weight_operand(layer),
+                                                activation=layer.scheme.activation.dtype.name).requires
             return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS)
-                    + _compose_a8.scheme_reasons(layer) + lacking(target, needs, "standard pipeline"))
+                    + scheme_reasons + lacking(target, needs, "standard pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS)
                 + lacking(target, needs, "standard pipeline"))
 

@@ -97,8 +97,12 @@ def scheme_reasons(layer: LayerConfig) -> list[str]:
         reasons.append("weight zero points with quantized activations are not generated")
     if a.global_scale:
         reasons.append("activation global scales (NVFP4-style) are not generated with 8-bit activations")
-    if a.scale_dtype.name != "float32":
-        reasons.append(f"activation scale_dtype={a.scale_dtype.name}: kernels read float32 activation scales so far")
+    if a.scale_dtype.name == "float8e8m0" and a.granularity != "group":
+        reasons.append(f"activation scale_dtype=float8e8m0 with {a.granularity} scales: e8m0 activation scales are "
+                       f"read per group (MX); use float32 scales per token / tensor")
+    elif a.scale_dtype.name not in ("float32", "float8e8m0"):
+        reasons.append(f"activation scale_dtype={a.scale_dtype.name}: kernels read float32 or e8m0 (MX group) "
+                       f"activation scales")
     for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
         if g is not None and g % 32:
             reasons.append(f"{what} scale groups of {g} along K: partial sums are promoted with their group's scale "
@@ -118,6 +122,11 @@ def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
     if t.cluster_m * t.cluster_n != 1:
         reasons.append("the standard pipeline launches no clusters (cluster_m = cluster_n = 1)")
     return reasons
+
+
+def activation_e8m0(layer: LayerConfig) -> bool:
+    """The activation scales are e8m0 bytes (MX groups), read as powers of two."""
+    return layer.scheme.activation.scale_dtype.name == "float8e8m0"
 
 
 def activation_name(layer: LayerConfig) -> str:
@@ -141,7 +150,8 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
         out.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
     shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
     rows = " (rows of a)" if gather and a.granularity != "tensor" else ""
-    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"fp32 activation scales {shape}{rows}"))
+    kind = "e8m0 (byte)" if activation_e8m0(layer) else "fp32"
+    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"{kind} activation scales {shape}{rows}"))
     if layer.has_bias:
         out.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {layer.dtype}"))
     out.append(KernelArg("c", "void*", OUTPUT, f"output (m, n) {layer.out_dtype}, row stride ldc"))
@@ -203,7 +213,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                BTileShared8() if order is None else BTilePairShared4(),
                                BTileCpAsync(bits=b_layout.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if wgroups or agroups:
-        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups, gather=gather and agroups))
+        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups, gather=gather and agroups,
+                                        activation_e8m0=activation_e8m0(layer)))
     mma: list[Component] = [MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
     schedule: list[Component] = [moe_schedule(compute) if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]

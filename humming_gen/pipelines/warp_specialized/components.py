@@ -103,6 +103,7 @@ class WarpSpecializedA8Pipeline(Component):
     nibbles: bool         # weights of at most 4 bits: 8 bytes of nibbles per k32 step, widened by nibbles_to_a8
     pdl: bool
     banded: bool = option_field()  # the schedule walks bands of m tiles (unit_coord takes m)
+    activation_e8m0: bool = option_field()  # activation group scales stored as e8m0 bytes (MX), else fp32
 
     @property
     def promote_in_loop(self) -> bool:

@@ -98,6 +98,8 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
         block_m = A8_LARGE_BLOCK_M
     elif m_max is not None and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
         block_m = 64
+    if compose_a8.promote_k(layer, A8_BLOCK_K) < A8_BLOCK_K and activation_group_k(layer) is not None:
+        block_m = 64  # activation scales promoted several times a stage: 128 tokens' worth spill (ptxas)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
                   block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
                   b_load="tma", scale_load="tma", split_k=1,
