@@ -10,7 +10,7 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
 from humming_gen.layer.compute_type import resolve
 from humming_gen.layer.ops import register_layer
-from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight
+from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -98,7 +98,7 @@ class QuantLinear(torch.nn.Module):
         self._buckets = [(m_max, self._kernels[t]) for m_max, t in self.tunings.buckets]
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.weight: PreparedWeight = prepare_weight(next(iter(plans.values())), qweight, self.device)
         if self._static_scale is not None:
             self._static_scale = self._static_scale.to(self.device)

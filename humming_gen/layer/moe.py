@@ -20,7 +20,7 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.layer.compute_type import resolve
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
-from humming_gen.layer.weights import PreparedWeight
+from humming_gen.layer.weights import PreparedWeight, resolve_device
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -75,8 +75,11 @@ class QuantMoE(torch.nn.Module):
     vLLM's order; "interleaved": gpt-oss; "up_first"), w2 (E, H, I). Build with `from_float` or `from_quantized`;
     call with (x, topk_weights, topk_ids, expert_map=None).
 
-    Kernels: the standard pipeline's indexed GEMMs, one pair per bucket of rows per expert (M * top_k / E), all
-    compiled at construction; no host synchronisation in forward (routing counts stay on the GPU).
+    Kernels: indexed GEMMs, one pair per bucket of expected rows per expert (M * top_k / E), all compiled at
+    construction; no host synchronisation in forward (routing counts stay on the GPU). The standard pipeline serves
+    every bucket, except on sm_90a with 16-bit activations, where the warp-specialized pipeline takes the buckets
+    from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
+    "standard" or "warp_specialized" puts every bucket on one pipeline (ValueError where it cannot serve them).
     fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
     tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
@@ -89,10 +92,10 @@ class QuantMoE(torch.nn.Module):
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False,
-                 weight_only: bool = False, strict: bool = False):
+                 weight_only: bool = False, strict: bool = False, pipeline: str | None = None):
         super().__init__()
         from humming_gen.codegen import compose
-        from humming_gen.heuristics import choose_tunings
+        from humming_gen.heuristics import choose_tunings, moe_tunings
         from humming_gen.kernel import _resolve_target, build_many
         from humming_gen.reference.moe import ACTIVATIONS, GATE_UP_LAYOUTS
 
@@ -133,7 +136,7 @@ class QuantMoE(torch.nn.Module):
         self.compute_dtypes = tuple(c.compute_dtype for c in choices)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         biases = {}
         for name, bias, n in (("bias13", bias13, two_i), ("bias2", bias2, hidden)):
             if bias is not None:
@@ -160,8 +163,10 @@ class QuantMoE(torch.nn.Module):
         self.activation_schemes = tuple(q.scheme.activation for q in (q13, q2))
         self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
                                     for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
-        # buckets of expected rows per expert; every bucket of a GEMM shares its weight layout (one packed copy)
-        plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
+        # buckets of expected rows per expert: the standard pipeline's, the warp-specialized one's from 17 rows per
+        # expert on where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one packed copy)
+        self._standard_plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
+        plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline)
         self.buckets = [m for m, _ in plans[0].buckets]
         # both GEMMs read one routing per batch, padded to one token tile: their buckets must agree
         tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
@@ -170,6 +175,7 @@ class QuantMoE(torch.nn.Module):
                              f"({tiles[0]} vs {tiles[1]}); one moe_align routing cannot serve both")
         composed = [[compose(layer, compute, attrs.evolve(t, split_k=1), self.target) for _, t in plan.buckets]
                     for layer, compute, plan in zip(layers, computes, plans)]
+        assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
         kernels = build_many(composed[0] + composed[1], compiler=compiler)
         k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):]
         self.w13 = prepare_moe_weight(composed[0][0], q13, self.device)
@@ -177,7 +183,7 @@ class QuantMoE(torch.nn.Module):
         self._kernels = list(zip(k13, k2))
         self._layer_configs = layers
         self._compiler = compiler
-        self._grouped: dict[tuple[str, str, int], object] = {}  # (weight, gemm, bucket) -> bound launcher
+        self._grouped: dict[tuple[str, str, object], object] = {}  # (weight, gemm, tuning) -> bound launcher
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
@@ -368,7 +374,8 @@ class QuantMoE(torch.nn.Module):
     def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int):
         """The bound launcher of a grouped MoE kernel ("grouped_masked" or "grouped_contiguous") for GEMM `weight`,
         tiled for about `rows_per_expert` rows per expert; compiled on first use (warm up before a CUDA graph
-        capture). It reads the layer's packed weights: the bucket's tuning composed for the grouped gemm type."""
+        capture). It reads the layer's packed weights: the standard pipeline's tuning of that bucket composed for the
+        grouped gemm type (the warp-specialized pipeline generates indexed MoE GEMMs only)."""
         from humming_gen.codegen import compose
         from humming_gen.kernel import build_many
 
@@ -379,12 +386,11 @@ class QuantMoE(torch.nn.Module):
         if weight == "w13" and self.fused_activation:
             raise ValueError("this layer's w13 holds gate/up rows in tile order for its fused activation; build it "
                              "with fused_activation=False to run grouped gate/up GEMMs")
-        bucket = self.bucket_for(max(1, rows_per_expert) * self.num_experts, 1)
-        key = (weight, gemm, bucket)
+        index = 0 if weight == "w13" else 1
+        tuning = attrs.evolve(self._standard_plans[index].for_m(max(1, rows_per_expert)), split_k=1)
+        key = (weight, gemm, tuning)
         launcher = self._grouped.get(key)
         if launcher is None:
-            index = 0 if weight == "w13" else 1
-            tuning = self._kernels[bucket][index].plan.tuning
             plan = compose(self._layer_configs[index], ComputeConfig(gemm=gemm), tuning, self.target)
             kernel = build_many([plan], compiler=self._compiler)[0]
             launcher = kernel.bind(self.w13 if index == 0 else self.w2, self.bias13 if index == 0 else self.bias2,

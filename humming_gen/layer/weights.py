@@ -40,3 +40,12 @@ def prepare_weight(plan: "KernelPlan", qw: QuantizedWeight, device: "torch.devic
     from humming_gen.pipelines.registry import get_pipeline
 
     return get_pipeline(plan.pipeline).prepare_weight(plan, qw, device)
+
+
+def resolve_device(device: "torch.device | str") -> torch.device:
+    """`device` with its index: "cuda" means the current CUDA device, so a layer's device compares equal to its
+    tensors' (torch.device("cuda") != torch.device("cuda:0"))."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
