@@ -4,6 +4,8 @@ Where the warp-specialized pipeline serves the layer (sm_90a, 16-bit activations
 of 16), it takes its buckets from the one ending at ws_from_m(layer) tokens on (M >= 17; M >= 9 for layers of at
 most SKINNY_N rows) and the standard pipeline keeps the buckets that end below it; both read one packed weight.
 Elsewhere the standard pipeline takes every bucket.
+
+MoE layers (QuantMoE's indexed GEMMs) bucket by expected rows per expert instead: moe_tunings.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
+from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings
 from humming_gen.targets import Target, get_target
 
 # The warp-specialized buckets start with the one ending at ws_from_m(layer) tokens; the standard pipeline keeps the
@@ -82,3 +85,40 @@ def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | Non
     small = [(m, t) for m, t in standard.buckets if m is not None and m < start]
     ws = [(m, t) for m, t in WARP_SPECIALIZED.choose_tunings(layer, target).buckets if m is None or m >= start]
     return TuningPlan(tuple(small + ws))
+
+
+# MoE (QuantMoE's indexed GEMMs): buckets of expected rows per expert, R = M * top_k / E. An m block of an expert is
+# a dense GEMM of up to block_m rows, so the warp-specialized pipeline takes the buckets from the one ending at
+# WS_MOE_FROM_ROWS on: the dense threshold of layers wider than SKINNY_N (M >= 17). The skinny layers' earlier start
+# does not carry over: it comes from the standard pipeline's split-K falling short of the SMs, while an MoE GEMM's
+# experts fill them with m blocks (no split-K in either pipeline).
+WS_MOE_FROM_ROWS = 32
+
+
+def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes: list[ComputeConfig], target: Target,
+                *, pipeline: str | None = None) -> list[TuningPlan]:
+    """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
+    `standard` (each GEMM's standard-pipeline plan) in the buckets below WS_MOE_FROM_ROWS and the warp-specialized
+    MoE buckets (pipelines.warp_specialized.heuristics.MOE_BUCKETS) from it on, where that pipeline serves every GEMM
+    (sm_90a, 16-bit activations, group sizes that are multiples of 16); else `standard`. Every GEMM gets the same
+    bucket bounds and token tiles from the same pipeline, so one moe_align routing serves them all.
+
+    pipeline: None (that choice), "standard" (`standard` as given) or "warp_specialized" (every bucket; ValueError
+    naming why where the pipeline cannot serve a GEMM)."""
+    if pipeline not in PIPELINE_CHOICES:
+        raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
+    if pipeline == "standard":
+        return list(standard)
+    reasons = [f"GEMM n={layer.n} k={layer.k}: {r}" for layer, compute in zip(layers, computes)
+               for r in WARP_SPECIALIZED.supports(layer, compute, target)]
+    if reasons:
+        if pipeline == "warp_specialized":
+            raise ValueError("the warp-specialized pipeline cannot serve these MoE GEMMs:\n  - "
+                             + "\n  - ".join(reasons))
+        return list(standard)
+    ws = [choose_moe_tunings(layer, target) for layer in layers]
+    if pipeline == "warp_specialized":
+        return ws
+    return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < WS_MOE_FROM_ROWS]
+                             + [(m, t) for m, t in plan.buckets if m is None or m >= WS_MOE_FROM_ROWS]))
+            for std, plan in zip(standard, ws)]

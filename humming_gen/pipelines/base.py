@@ -158,6 +158,18 @@ def split_k_scratch(launch: "TiledLaunch | PersistentLaunch", m: int) -> dict[st
             "counters": Scratch(tiles, "int32", True)}
 
 
+def m_blocks(m: int, block_m: int, experts: int = 1, moe_gemm: str = "") -> int:
+    """m blocks of `block_m` rows covering m rows, or for an MoE gemm type the worst-case routing or segments."""
+    bm = block_m
+    if moe_gemm == "indexed":  # reference.moe.max_padded_size
+        return max(1, math.ceil((m + min(experts, m) * (bm - 1)) / bm))
+    if moe_gemm == "grouped_masked":
+        return max(1, experts * math.ceil(m // experts / bm))
+    if moe_gemm == "grouped_contiguous":  # each segment adds at most one partial block
+        return max(1, math.ceil(m / bm) + min(experts, m))
+    return max(1, math.ceil(m / bm))
+
+
 @attrs.frozen
 class TiledLaunch:
     """One CTA per (n tile, m tile, k slice); split-K slices hand off through a workspace (standard pipeline)."""
@@ -177,14 +189,7 @@ class TiledLaunch:
 
     def m_blocks(self, m: int) -> int:
         """m blocks of the grid: enough for the worst-case routing or segments."""
-        bm = self.block_m
-        if self.moe_gemm == "indexed":  # reference.moe.max_padded_size
-            return max(1, math.ceil((m + min(self.experts, m) * (bm - 1)) / bm))
-        if self.moe_gemm == "grouped_masked":
-            return max(1, self.experts * math.ceil(m // self.experts / bm))
-        if self.moe_gemm == "grouped_contiguous":  # each segment adds at most one partial block
-            return max(1, math.ceil(m / bm) + min(self.experts, m))
-        return max(1, math.ceil(m / bm))
+        return m_blocks(m, self.block_m, self.experts, self.moe_gemm)
 
     def grid(self, m: int) -> tuple[int, int, int]:
         return (self.n_tiles, self.m_blocks(m), self.split_k)
@@ -202,13 +207,15 @@ class PersistentLaunch:
     block_n: int
     split_k: int
     slots: int  # CTAs that fit the device at once (SMs x CTAs per SM)
+    experts: int = 1
+    moe_gemm: str = ""  # "indexed": m counts assignments, the units cover the worst-case routing (TiledLaunch)
 
     @property
     def cluster(self) -> None:
         return None
 
     def units(self, m: int) -> int:
-        return self.n_tiles * max(1, math.ceil(m / self.block_m)) * self.split_k
+        return self.n_tiles * m_blocks(m, self.block_m, self.experts, self.moe_gemm) * self.split_k
 
     def grid(self, m: int) -> tuple[int, int, int]:
         return (min(self.units(m), self.slots), 1, 1)

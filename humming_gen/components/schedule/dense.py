@@ -65,3 +65,14 @@ class PersistentSchedule(Component):
     def __attrs_post_init__(self) -> None:
         if self.group_m > 1 and self.split_k > 1:
             raise ValueError("PersistentSchedule: group_m bands are generated without split-K")
+
+
+@attrs.frozen
+class MoeIndexedPersistentSchedule(Component):
+    """MoE (indexed) on a persistent grid: units (routed m block, n tile), n tiles fastest, up to the routed total
+    read on the device; a unit's expert from moe_align's expert_ids (warp-specialized)."""
+
+    template: ClassVar[str] = "schedule/moe_indexed_persistent.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "unit_count", "unit_coord"})
+    needs: ClassVar[frozenset[str]] = frozenset({"Params"})

@@ -23,7 +23,8 @@ from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_tab
                                           kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
                                           split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard import compose_a8
-from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_reasons, moe_schedule
+from humming_gen.pipelines.standard.moe import (MOE_GEMMS, expert_bytes, expert_tensors, moe_name_suffix, moe_reasons,
+                                               moe_schedule)
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout, BLayout8
@@ -177,10 +178,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 row_map=gather, topk_weight=compute.topk_weight,
                                 gated=compute.epilogue_activation or ""))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
-    expert_group_bytes = (group.rows if group else 0) * n_pad * 2
-    expert_bytes = {"b": n_pad * k_pad * s.weight.bits // 8, "b_scale": expert_group_bytes,
-                    "b_zero": expert_group_bytes, "out_scale": n_pad * 4, "bias": layer.n * 2}
-    experts = expert_tensors(dense_args(layer, group, False), expert_bytes) if moe else ()
+    per_expert = expert_bytes(layer, group, n_pad, k_pad)
+    experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=moe_name_suffix(compute))
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
@@ -216,7 +215,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
          "16-byte chunks per n block of the packed weight"),
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
-    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in experts]
+    constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if moe else []
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     constants += group_offset_constants(group, a_bytes + b_bytes, group_bytes)

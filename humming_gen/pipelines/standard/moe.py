@@ -7,7 +7,7 @@ from __future__ import annotations
 from humming_gen.components.base import Component
 from humming_gen.components.schedule.dense import MoeGroupedSchedule, MoeIndexedSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import KernelArg
+from humming_gen.pipelines.base import GroupPlan, KernelArg
 from humming_gen.pipelines.common import offset_constant
 
 MOE_GEMMS = ("indexed", "grouped_contiguous", "grouped_masked")  # MoE gemm types the standard pipeline generates
@@ -39,6 +39,14 @@ def moe_schedule(compute: ComputeConfig) -> Component:
     if compute.gemm == "indexed":
         return MoeIndexedSchedule()
     return MoeGroupedSchedule(masked=compute.gemm == "grouped_masked")
+
+
+def expert_bytes(layer: LayerConfig, group: GroupPlan | None, n_pad: int, k_pad: int) -> dict[str, int]:
+    """Bytes of one expert's slice of each stacked tensor a 16-bit-activation kernel may read (the packed weight,
+    group scales and zero terms, the fp32 column scale, the bias), as layer.moe.prepare_moe_weight stacks them."""
+    group_bytes = (group.rows if group else 0) * n_pad * 2
+    return {"b": n_pad * k_pad * layer.scheme.weight.bits // 8, "b_scale": group_bytes, "b_zero": group_bytes,
+            "out_scale": n_pad * 4, "bias": layer.n * 2}
 
 
 def expert_tensors(args: tuple[KernelArg, ...], expert_bytes: dict[str, int]) -> tuple[tuple[str, str], ...]:

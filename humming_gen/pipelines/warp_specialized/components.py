@@ -18,11 +18,23 @@ class ATileSw128CpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async", "wgmma"})
     ptx: ClassVar[tuple[str, ...]] = ("cp_async_copy",)
-    provides: ClassVar[frozenset[str]] = frozenset({"kAPanelBytes", "kAChunksPerRow", "kARowsPerPass", "load_a_stage",
-                                                   "smem_descriptor", "a_step_descriptor"})
-    needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16"})
     dtype: str
     bytes: int = option_field(2)  # per element: 16-bit activations, or 8-bit codes (humming_gen.quantize_activation)
+    gather: bool = option_field()  # MoE (indexed): rows gathered through the routing's sorted assignments
+
+    def __attrs_post_init__(self) -> None:
+        if self.gather and self.bytes != 2:
+            raise ValueError("ATileSw128CpAsync.gather is generated for 16-bit activations")
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        gather = {"kARowsPerThread", "kAGatherRegs", "gather_rows"} if self.gather else set()
+        return frozenset({"kAPanelBytes", "kAChunksPerRow", "kARowsPerPass", "load_a_stage", "smem_descriptor",
+                          "a_step_descriptor"} | gather)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"cp_async_16"} | ({"Params"} if self.gather else set()))
 
 
 @attrs.frozen
@@ -47,7 +59,6 @@ class WarpSpecializedPipeline(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/skeleton.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
-    provides: ClassVar[frozenset[str]] = frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"})
     kernel_name: str
     block_m: int
     consumer_warpgroups: int
@@ -57,11 +68,22 @@ class WarpSpecializedPipeline(Component):
     convert_in_extract: bool
     split_k: bool
     pdl: bool
+    # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor; the units are
+    # routed m blocks (MoeIndexedPersistentSchedule), their rows gathered and scattered through the routing
+    expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_tensors)
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
                 + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -77,10 +99,12 @@ class WarpSpecializedPipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
                   if self.split_k else {"store_output"})
+        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
-        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
+                "grouped": False}
 
 
 @attrs.frozen

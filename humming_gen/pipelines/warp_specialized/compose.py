@@ -21,13 +21,14 @@ from humming_gen.components.memory.shared_reads import BChunkShared, GroupParams
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import PersistentSchedule
+from humming_gen.components.schedule.dense import MoeIndexedPersistentSchedule, PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, common_reasons, constants_table,
                                           dense_args, dequant_chain, group_constants, group_offset_constants,
                                           group_plan, has_out_scale, kernel_name, missing_features, missing_symbols,
                                           padded_k, split_k_constants, split_k_reasons, weight_layout)
+from humming_gen.pipelines.standard.moe import expert_bytes, expert_tensors, moe_name_suffix, moe_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
                                                                WeightStageBulk)
 from humming_gen.schemes.packing import BLayout
@@ -44,6 +45,9 @@ PRODUCER_REGISTERS = 40
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
+# MoE gemm types generated with 16-bit activations: indexed (rows gathered and scattered through moe_align's routing,
+# one expert per m block). The grouped layouts stay on the standard pipeline.
+MOE_GEMMS = ("indexed",)
 
 
 @attrs.frozen
@@ -142,11 +146,23 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
+def moe_tuning_reasons(tuning: TuningConfig) -> list[str]:
+    """What an indexed MoE kernel needs of the tuning beyond a dense one (split-K: pipelines.standard.moe)."""
+    rows_per_pass = PRODUCER_THREADS * 8 // tuning.block_k  # producer threads over a row's 16-byte chunks
+    if tuning.block_m % rows_per_pass:
+        return [f"tuning.block_m={tuning.block_m}: gathered MoE rows come {rows_per_pass} per producer pass with "
+                f"block_k={tuning.block_k}; use a multiple of {rows_per_pass}"]
+    return []
+
+
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
     """Choose and parametrise the components of one kernel; ComposeError lists everything that is off."""
     s = layer.scheme
     t = tuning
-    reasons = common_reasons(layer, compute, target) + layout_reasons(layer) + tuning_reasons(t)
+    moe = compute.gemm in MOE_GEMMS
+    reasons = (common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + layout_reasons(layer)
+               + tuning_reasons(t) + moe_reasons(layer, compute, t))
+    reasons += moe_tuning_reasons(t) if moe else []
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:
@@ -161,24 +177,31 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     hoist = bool(group and group.group_size % t.block_k == 0)
 
     numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False)
-    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype), BChunkShared(bits=s.weight.bits),
+    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype, gather=moe), BChunkShared(bits=s.weight.bits),
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:
         memory.append(GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=False, pair_loads=True))
     mma: list[Component] = [WgmmaRS(dtype=dtype, n=t.block_m)]
-    schedule: list[Component] = [PersistentSchedule(split_k=t.split_k)]
+    schedule: list[Component] = [MoeIndexedPersistentSchedule() if moe else PersistentSchedule(split_k=t.split_k)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
+    # MoE: each row to its assignment's row of c (times its router weight), or the gated activation of GEMM1: the
+    # accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1))
+                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1,
+                                row_map=moe, topk_weight=compute.topk_weight,
+                                gated=compute.epilogue_activation or "", tile_rows=moe))
+    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
+    per_expert = expert_bytes(layer, group, n_pad, k_pad)
+    experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix="_ws")
+    name = kernel_name(layer, t, target, suffix="_ws" + moe_name_suffix(compute))
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
-                                       split_k=t.split_k > 1, pdl=pdl)
+                                       split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -212,11 +235,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kSmemAlign", SMEM_ALIGN, ""),
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
+    constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
     constants += group_offset_constants(group, smem.a + smem.b, smem.group)
     launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,
-                              split_k=t.split_k, slots=target.sm_count)
+                              split_k=t.split_k, slots=target.sm_count, experts=layer.num_experts if moe else 1,
+                              moe_gemm=compute.gemm if moe else "")
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=dense_args(layer, group, t.split_k > 1), layout=weight_layout(layer, b_layout, n_pad, group),
+                      args=dense_args(layer, group, t.split_k > 1, compute),
+                      layout=weight_layout(layer, b_layout, n_pad, group),
                       group=group, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

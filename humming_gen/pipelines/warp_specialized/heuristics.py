@@ -67,11 +67,39 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=4 * warpgroups, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma",
                   split_k=split)
+    return _deepest(layer, target, fields)
+
+
+def _deepest(layer: LayerConfig, target: Target, fields: dict) -> TuningConfig:
+    """The tuning with as many stages as shared memory holds (at least 2)."""
     stages = 2
     for s in range(2, MAX_STAGES + 1):
         if shared_memory(layer, TuningConfig(**fields, stages=s)).fits(target):
             stages = s
     return TuningConfig(**fields, stages=stages)
+
+
+# MoE (indexed GEMMs, QuantMoE): buckets of expected rows per expert (M * top_k / E) and their token tile, which is
+# also the block moe_align pads each expert's rows to, so both GEMMs of a layer take the same tiles. An expert whose
+# rows fill few tiles wastes the padding of its last one whatever the tile, so the tile is the bucket's bound:
+# about as many padded rows as half-size tiles, each weight dequantized for twice the tokens. The open-ended bucket
+# keeps 128 tokens (the dense sweep's best from M = 1024 to 4096; 176 pads an expert's last tile by more). No
+# split-K: the experts' m blocks fill the SMs. humming_gen.heuristics.choose.moe_tunings picks the buckets this
+# pipeline takes (from 17 rows per expert on).
+MOE_BUCKETS = ((8, 8), (16, 16), (32, 32), (64, 64), (None, 128))
+
+
+def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int) -> TuningConfig:
+    """The tuning of an indexed MoE GEMM with `block_m` tokens per tile."""
+    fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
+                  warps_m=1, warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", split_k=1)
+    return _deepest(layer, target, fields)
+
+
+def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
+    """One tuning per bucket of expected rows per expert (MOE_BUCKETS) for an indexed MoE GEMM of 16-bit
+    activations."""
+    return TuningPlan(tuple((m_max, moe_tuning_for(layer, target, block_m)) for m_max, block_m in MOE_BUCKETS))
 
 
 # 8-bit activations (compose_a8): 128-row tiles, no split-K, so the buckets start where the tiles fill the SMs;
