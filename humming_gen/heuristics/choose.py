@@ -29,9 +29,10 @@ WS_FROM_M = 32
 SKINNY_N = 3072
 
 
-# 8-bit activations: the warp-specialized kernels do not split K, so they start at the first bucket whose tiles fill
-# the SMs (pipelines.warp_specialized.heuristics.A8_BUCKETS).
-WS_A8_FROM_M = 128
+# 8-bit activations: the warp-specialized kernels (wgmma k32, split-K to one wave) from M = 17 on; below, the
+# standard pipeline's mma.sync, whose fp8 form ptxas lowers to F2FP + HMMA on sm_90a (pipelines.warp_specialized.
+# heuristics.A8_BUCKETS).
+WS_A8_FROM_M = 32
 
 
 def ws_from_m(layer: LayerConfig) -> int:
@@ -95,8 +96,8 @@ def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | Non
 WS_MOE_FROM_ROWS = 32
 
 
-def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes: list[ComputeConfig], target: Target,
-                *, pipeline: str | None = None) -> list[TuningPlan]:
+def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes: list[ComputeConfig],
+                target: Target | str, *, pipeline: str | None = None) -> list[TuningPlan]:
     """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
     `standard` (each GEMM's standard-pipeline plan) in the buckets below WS_MOE_FROM_ROWS and the warp-specialized
     MoE buckets (pipelines.warp_specialized.heuristics.MOE_BUCKETS) from it on, where that pipeline serves every GEMM
@@ -109,6 +110,7 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
         raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
     if pipeline == "standard":
         return list(standard)
+    target = get_target(target)
     reasons = [f"GEMM n={layer.n} k={layer.k}: {r}" for layer, compute in zip(layers, computes)
                for r in WARP_SPECIALIZED.supports(layer, compute, target)]
     if reasons:

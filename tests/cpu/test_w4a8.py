@@ -293,7 +293,7 @@ def _source(scheme, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 def test_rendered_sources_hold_their_widening_only() -> None:
     int_g = _source(W4A8_INT_G128, "sm_80")
-    int_ch = _source(W4A8_INT_CHANNEL, m=64)
+    int_ch = _source(W4A8_INT_CHANNEL, m=16)
     fp8_int4 = _source("w4a8-int4-g128-fp8")
     mx = _source("w4a8-mxfp4-fp8", has_bias=True)
     for src in (int_g, int_ch, fp8_int4, mx):
@@ -349,7 +349,7 @@ def test_presets_command_lists_w4a8(capsys) -> None:
 
 
 def test_shared_memory_holds_half_a_byte_per_weight() -> None:
-    nib, full = _plan("w4a8-int4-g128-fp8", "sm_90a", m=64), _plan("w8a8-fp8-channel", "sm_90a", m=64)
+    nib, full = _plan("w4a8-int4-g128-fp8", "sm_90a", m=16), _plan("w8a8-fp8-channel", "sm_90a", m=16)
     t = nib.tuning
     assert nib.tuning == full.tuning
     assert full.shared_bytes - nib.shared_bytes == t.stages * t.block_n * t.block_k // 2

@@ -100,13 +100,14 @@ def test_unserved_schemes_are_refused_with_their_reason(scheme: str, needle: str
         _plan(scheme, "sm_90a", k=4096)
 
 
-def test_warp_specialized_takes_the_buckets_from_128_on_sm90a_only() -> None:
+def test_warp_specialized_takes_the_buckets_from_32_on_sm90a_only() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-fp8-channel")
     assert WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a")) == []
     plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
     for m_max, t in plan.buckets:
-        ws = m_max is None or m_max >= 128
+        ws = m_max is None or m_max >= 32
         assert (t.pipeline, t.mma) == (("warp_specialized", "wgmma") if ws else ("standard", "m16n8k32")), m_max
+        assert t.split_k == 1 or (m_max is not None and m_max <= 64), (m_max, t.split_k)
     for target in ("sm_89", "sm_120a"):
         assert any("wgmma" in r for r in WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target(target)))
         plan = choose_tunings(layer, get_target(target), stored=False)
@@ -118,7 +119,7 @@ def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 
 def test_rendered_source_holds_only_the_8bit_path() -> None:
-    fp8 = _source("w8a8-fp8-channel", m=64)
+    fp8 = _source("w8a8-fp8-channel", m=16)
     int8 = _source("w8a8-int8-channel", target="sm_80")
     block = _source("w8a8-fp8-block128", has_bias=True)
     for src in (fp8, int8, block):

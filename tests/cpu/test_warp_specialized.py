@@ -119,7 +119,7 @@ def test_refusals_name_the_reason() -> None:
     assert "split_k" in str(e.value) or tuning.split_k == 1
     a8_tuning = choose_tunings(a8, SM90).for_m(1024)
     assert a8_tuning.pipeline == "warp_specialized" and a8_tuning.block_n == 128
-    for field, value, needle in (("block_m", 200, "up to 192 tokens"), ("split_k", 2, "does not split K"),
+    for field, value, needle in (("block_m", 200, "up to 192 tokens"), ("split_k", 100, "exceeds the"),
                                  ("block_k", 64, "128 or 256"), ("block_k", 256, "shared memory .* exceeds")):
         with pytest.raises(ComposeError, match=needle):
             compose(a8, ComputeConfig(), TuningConfig(**{**a8_tuning.to_dict(), field: value}), SM90)
@@ -152,3 +152,22 @@ def test_a8_banded_raster_compiles_and_covers_every_tile() -> None:
         assert sorted(seen) == [(n, m) for n in range(n_tiles) for m in range(m_tiles)]
     with pytest.raises(ComposeError, match="raster"):
         compose(layer, ComputeConfig(), attrs.evolve(t, raster="m_major"), SM90)
+    with pytest.raises(ComposeError, match="bands are walked without split-K"):
+        compose(layer, ComputeConfig(), attrs.evolve(t, split_k=2), SM90)
+
+
+def test_a8_split_k_source_and_scratch() -> None:
+    """Split-K for 8-bit activations: every slice publishes its fragments and sums its share (the 16-bit hand-off),
+    one n tile per warp; the workspace holds split x block_m x 128 floats per tile."""
+    from humming_gen.kernel import build
+
+    layer = LayerConfig(4096, 4096, "w8a8-fp8-channel", has_bias=True)
+    t = choose_tunings(layer, SM90).for_m(64)
+    assert t.pipeline == "warp_specialized" and t.split_k > 1
+    kernel = build(compose(layer, ComputeConfig(), t, SM90))
+    src = kernel.source
+    assert "split_k_publish(acc, workspace" in src and "store_fragment(v, p, n_base, tc.m0, 0, f)" in src
+    assert "consumer_sync()" in src and "store_output(acc" not in src
+    assert kernel.resources.get("spill_store_bytes", 0) == 0
+    scratch = kernel.plan.scratch(64)
+    assert scratch["workspace"].numel == 32 * t.split_k * 64 * 128 and scratch["counters"].numel == 32

@@ -1,5 +1,5 @@
 """QuantLinear with weights of at most 4 bits and 8-bit activations (standard pipeline, mma.sync m16n8k32, for small
-M; the warp-specialized one, wgmma k32, from M = 65 on sm_90a; weights widened from nibbles in registers) against the
+M; the warp-specialized one, wgmma k32, from M = 17 on sm_90a; weights widened from nibbles in registers) against the
 float64 reference.
 
 The method of test_linear_w8a8.py: reference_gemm quantizes x with the scheme's ActivationScheme in float64

@@ -1,5 +1,5 @@
 """QuantLinear with 8-bit activations (standard pipeline, mma.sync m16n8k32, for small M; on sm_90a the
-warp-specialized pipeline, wgmma k32, from M = 65 on) against the float64 reference.
+warp-specialized pipeline, wgmma k32 with split-K at small M, from M = 17 on) against the float64 reference.
 
 The reference is reference_gemm: x quantized by the scheme's ActivationScheme in float64 (bit-identical to what
 humming_gen.quantize_activation writes, docs/FORMATS.md 4.1), dequantized, times the dequantized weight, plus
@@ -38,10 +38,10 @@ def _cases():
 
 
 def assert_pipelines(layer: hg.QuantLinear) -> None:
-    """Buckets from M = 128 on run wgmma where the target has it, the smaller ones mma.sync m16n8k32."""
+    """Buckets from M = 17 on run wgmma where the target has it, the smaller ones mma.sync m16n8k32."""
     wgmma = layer.target.has("wgmma")
     for m_max, kern in layer._buckets:
-        ws = wgmma and (m_max is None or m_max >= 128)
+        ws = wgmma and (m_max is None or m_max >= 32)
         assert kern.plan.tuning.mma == ("wgmma" if ws else "m16n8k32"), (m_max, kern.plan.kernel_name)
 
 

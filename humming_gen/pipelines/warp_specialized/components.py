@@ -128,6 +128,7 @@ class WarpSpecializedA8Pipeline(Component):
     pdl: bool
     banded: bool = option_field()  # the schedule walks bands of m tiles (unit_coord takes m)
     activation_e8m0: bool = option_field()  # activation group scales stored as e8m0 bytes (MX), else fp32
+    split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
 
     @property
     def promote_in_loop(self) -> bool:
@@ -137,8 +138,8 @@ class WarpSpecializedA8Pipeline(Component):
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg") + (("grid_dependency",) if self.pdl
-                                                                                   else ())
+        return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
+                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -147,7 +148,9 @@ class WarpSpecializedA8Pipeline(Component):
                  "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease",
                  "registers_increase", "weight_stage_bytes", "load_weight_stage", "load_a_stage",
                  "a_step_descriptor", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_partials",
-                 f"wgmma_m64n{self.block_m}k32", "store_output"}
+                 f"wgmma_m64n{self.block_m}k32"}
+        needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
+                  if self.split_k else {"store_output"})
         needs |= {"nibbles_to_a8"} if self.nibbles else set()
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()

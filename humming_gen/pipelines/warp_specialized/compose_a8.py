@@ -19,7 +19,7 @@ import math
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.components.epilogue.output import StoreOutput
+from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import GroupScalesGlobal
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_N, WgmmaRS8
@@ -30,7 +30,8 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.config.tuning import BAND_M
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constants_table, has_out_scale, kernel_name,
-                                          missing_features, missing_symbols, padded_k)
+                                          missing_features, missing_symbols, padded_k, split_k_constants,
+                                          split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedA8Pipeline,
                                                                WeightStageBulk)
@@ -108,9 +109,10 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: no clusters with 8-bit activations; allowed: 1x1")
     if t.raster not in ("n_major", "m_band"):
         reasons.append(f"tuning.raster={t.raster!r}: the persistent grid walks 'n_major' or 'm_band'")
-    if t.split_k != 1 or t.stream_k:
-        reasons.append(f"tuning.split_k={t.split_k}: the warp-specialized pipeline with 8-bit activations does not "
-                       f"split K (its buckets start where the tiles fill the SMs)")
+    if t.stream_k:
+        reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
+    if t.split_k > 1 and t.raster == "m_band":
+        reasons.append(f"tuning.split_k={t.split_k} with raster='m_band': bands are walked without split-K")
     if t.ctas_per_sm != 1:
         reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM")
     return reasons
@@ -125,7 +127,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
-    reasons += layout.check()
+    reasons += layout.check() + split_k_reasons(layer, t)
     if reasons:
         raise compose_error(reasons)
     wgroups = standard_a8.weight_group_k(layer) is not None
@@ -142,16 +144,21 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
-    schedule: list[Component] = [PersistentSchedule(split_k=1, group_m=BAND_M if banded else 1)]
-    epilogue: list[Component] = [StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                             bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP,
-                                             token_scale="" if agroups else a.granularity)]
+    schedule: list[Component] = [PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1)]
+    epilogue: list[Component] = []
+    if t.split_k > 1:
+        epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
+                                             leader=f"threadIdx.x == {PRODUCER_THREADS}"))
+    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
+                                fragment_store=t.split_k > 1))
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=f"_ws_q{standard_a8.activation_name(layer)}")
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
-                                         banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer))
+                                         banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
+                                         split_k=t.split_k > 1)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -183,7 +190,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kSlicesPerStage", t.block_k // SLICE_K, ""),
         ("kSlicesPerN", k_pad // SLICE_K, "64-k slices per layout block of the packed weight"),
         ("kSmemAlign", SMEM_ALIGN, ""),
-    ]
+        ("kWarpsMN", 4 * WARPGROUPS, "consumer warps (the split-K hand-off's warp count)"),
+    ] + split_k_constants(t)
     if wgroups:
         constants.append(("kWeightGroupK", standard_a8.weight_group_k(layer), "k elements per weight scale group"))
     if agroups:
@@ -191,9 +199,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
-    launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=1,
+    launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=standard_a8.args(layer, False), layout=standard_a8.weight_layout(layer, layout, n_pad),
+                      args=standard_a8.args(layer, t.split_k > 1), layout=standard_a8.weight_layout(layer, layout, n_pad),
                       group=None, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

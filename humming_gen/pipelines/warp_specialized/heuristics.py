@@ -104,7 +104,7 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
 
 # 8-bit activations (compose_a8): 128-row tiles, no split-K, so the buckets start where the tiles fill the SMs;
 # a 64-token tile where 128-token tiles would leave a quarter of them idle.
-A8_BUCKETS = (128, 256, 512, 1024, 2048, 4096, None)
+A8_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
 
 
@@ -114,6 +114,8 @@ A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8
 #   not channel scales (fp8 M = 4096: 812 against 754; int8 728 against 715).
 # - the open-ended bucket takes 192-token tiles where no activation groups are promoted (their scales beside 96
 #   partial sums and 96 accumulators spill): a 128 x 192 tile reads 20 % fewer bytes per multiply-add from L2.
+# Small buckets take a token tile of their M and split-K up to one wave of units, as the 16-bit buckets do (the
+# standard pipeline's fp8 mma.sync runs as F2FP + HMMA on sm_90a: W8A8 fp8 8192 x 8192 at M = 64 took 49 us).
 A8_LARGE_BLOCK_M = 192
 
 
@@ -121,17 +123,19 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     from humming_gen.pipelines.standard.compose_a8 import activation_group_k, weight_group_k
 
     n_tiles = math.ceil(layer.n / compose_a8.BLOCK_N)
-    block_m = 128
+    k_tiles = math.ceil(layer.k / A8_BLOCK_K)
+    block_m = 128 if m_max is None else min(128, math.ceil(m_max / 8) * 8)
     if m_max is None and activation_group_k(layer) is None:
         block_m = A8_LARGE_BLOCK_M
-    elif m_max is not None and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
+    elif m_max is not None and m_max > 64 and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
         block_m = 64
     if compose_a8.promote_k(layer, A8_BLOCK_K) < A8_BLOCK_K and activation_group_k(layer) is not None:
-        block_m = 64  # activation scales promoted several times a stage: 128 tokens' worth spill (ptxas)
+        block_m = min(block_m, 64)  # activation scales promoted several times a stage: 128 tokens' worth spill
+    split = 1 if m_max is None else _split(n_tiles * math.ceil(m_max / block_m), k_tiles, target.sm_count)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
                   block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
-                  b_load="tma", scale_load="tma", split_k=1,
-                  raster="m_band" if weight_group_k(layer) is not None else "n_major")
+                  b_load="tma", scale_load="tma", split_k=split,
+                  raster="m_band" if weight_group_k(layer) is not None and split == 1 else "n_major")
     stages = 2
     for s in range(2, MAX_STAGES + 1):
         if compose_a8.shared_memory(layer, TuningConfig(**fields, stages=s)).fits(target):
