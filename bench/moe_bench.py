@@ -22,6 +22,8 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --out out/moe          # all models, defaults (estimated 3-5 min on an H200, cold cache)
     python bench/moe_bench.py --models qwen3 --m 1,128 --formats w4a16-int4-g128 --humming none
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
+    python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
+                                                     # warp-specialized ones from 17 rows per expert on)
 
 Formats per model by default: W4A16 int4 g128 everywhere, MXFP4 (w4a16-mxfp4) for gpt-oss, and the A8 formats of
 the anchors (w4a8-mxfp4-fp8; w8a8-fp8-block128 for DeepSeek), skipped with the reason where QuantMoE refuses them.
@@ -140,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anchors", default=None, help="directory of the h200_moe*_graph.json anchor files")
     p.add_argument("--out", default=None, help="directory for moe_bench.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: print the plan, tiles and the anchor tables")
+    p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
+                   help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.models if m not in MODELS]
@@ -211,17 +215,20 @@ def gemm_shape(model: Model, gemm: str) -> tuple[int, int]:
     return (2 * model.intermediate, model.hidden) if gemm == "w13" else (model.hidden, model.intermediate)
 
 
-def tiles(model: Model, fmt: str, ms: tuple[int, ...] = ALL_MS, target: str = "sm_90a") -> dict[int, int] | str:
-    """M -> the token tile QuantMoE's indexed kernels use (heuristics on `target`), or why there is none."""
+def tiles(model: Model, fmt: str, ms: tuple[int, ...] = ALL_MS, target: str = "sm_90a",
+          pipeline: str | None = None) -> dict[int, int] | str:
+    """M -> the token tile QuantMoE's indexed kernels use (heuristics on `target`, or every bucket on `pipeline`),
+    or why there is none."""
     import humming_gen as hg
-    from humming_gen.config import LayerConfig
-    from humming_gen.heuristics import choose_tunings
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.heuristics import choose_tunings, moe_tunings
 
     try:
-        n, k = gemm_shape(model, "w13")
-        layer = LayerConfig(n=n, k=k, scheme=hg.scheme(fmt), num_experts=model.experts, has_bias=model.bias,
-                            dtype="bfloat16")
-        buckets = choose_tunings(layer, target, pipeline="standard").buckets
+        layers = [LayerConfig(n=n, k=k, scheme=hg.scheme(fmt), num_experts=model.experts, has_bias=model.bias,
+                              dtype="bfloat16") for n, k in (gemm_shape(model, "w13"), gemm_shape(model, "w2"))]
+        computes = [ComputeConfig(gemm="indexed"), ComputeConfig(gemm="indexed", topk_weight=True)]
+        standard = [choose_tunings(layer, target, pipeline="standard") for layer in layers]
+        buckets = moe_tunings(standard, layers, computes, target, pipeline=pipeline)[0].buckets
     except Exception as e:  # a format the MoE layer configs refuse for this shape
         return short(e)
     out = {}
@@ -351,7 +358,8 @@ def dry_run(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]:
     for entry in entries:
         spec = entry["spec"]
         for fmt in entry["formats"]:
-            t = tiles(spec, fmt, tuple(sorted(set(entry["ms"]["w13"]) | set(entry["ms"]["w2"]))))
+            t = tiles(spec, fmt, tuple(sorted(set(entry["ms"]["w13"]) | set(entry["ms"]["w2"]))),
+                      pipeline=args.pipeline)
             what = t if isinstance(t, str) else ", ".join(f"M={m}: {bm}" for m, bm in t.items())
             log(f"plan {entry['model']} {fmt}: token tiles on sm_90a {what}")
         log(f"plan {entry['model']}: per-GEMM M {entry['ms']['w13']} / {entry['ms']['w2']}, "
@@ -561,7 +569,7 @@ class Bench:
             t0 = time.perf_counter()
             layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=model.activation,
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
-                                                     target=self.target,
+                                                     target=self.target, pipeline=self.args.pipeline,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")

@@ -1,0 +1,303 @@
+"""Indexed MoE GEMMs of the warp-specialized pipeline (sm_90a) on the CPU: NVRTC compilation without spills, the
+generated source (gather through the routing, per-expert rebasing, row scatter, the routed total read on the
+device), the schedule and the row gather compiled for the host against moe_align's routing, refusals, and which
+pipeline QuantMoE's buckets take (heuristics.moe_tunings) on sm_90a and sm_89."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import attrs
+import pytest
+import torch
+
+import humming_gen as hg
+import humming_gen.kernel
+from humming_gen.codegen import ComposeError, compose
+from humming_gen.codegen.render import environment
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings, moe_tunings
+from humming_gen.kernel import build_many
+from humming_gen.layer.moe import QuantMoE
+from humming_gen.pipelines.common import RENDERED_SYMBOLS, missing_symbols
+from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
+from humming_gen.reference.moe import moe_align_reference
+from humming_gen.targets import get_target
+from symbols import defined, used
+
+SM90 = get_target("sm_90a")
+WEIGHTED = ComputeConfig(gemm="indexed", topk_weight=True)
+SCHEMES = {"int4-g128": "w4a16-int4-g128", "mxfp4": "w4a16-mxfp4", "int8-channel": "w8a16-int8-channel",
+           "uint4-g128-zp": "w4a16-int4-g128-zp"}
+CXX = shutil.which("g++") or shutil.which("c++")
+
+
+def _layer(scheme: str, n: int = 1024, k: int = 2048, bias: bool = True, **kwargs) -> LayerConfig:
+    return LayerConfig(n=n, k=k, scheme=SCHEMES.get(scheme, scheme), num_experts=8, has_bias=bias, **kwargs)
+
+
+def _plans(layer: LayerConfig, compute: ComputeConfig = WEIGHTED, block_ms=None):
+    return [compose(layer, compute, t, SM90) for m, t in choose_moe_tunings(layer, SM90).buckets
+            if block_ms is None or t.block_m in block_ms]
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_ws_moe_kernels_compile_without_spills(scheme: str) -> None:
+    plans = _plans(_layer(scheme), block_ms=None if scheme == "int4-g128" else (32, 128))
+    plans += _plans(_layer(scheme, dtype="float16", bias=False), ComputeConfig(gemm="indexed"), block_ms=(128,))
+    for kernel in build_many(plans):
+        r = kernel.compiled.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+        assert kernel.plan.pipeline == "warp_specialized" and kernel.name.endswith(("_ws_moe_topkw", "_ws_moe"))
+
+
+@pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
+def test_ws_gated_epilogue_compiles_and_writes_half_the_columns(activation: str) -> None:
+    plans = _plans(_layer("int4-g128"), ComputeConfig(gemm="indexed", epilogue_activation=activation),
+                   block_ms=(8, 64, 128))
+    for kernel in build_many(plans):
+        assert kernel.compiled.resources["spill_store_bytes"] == 0, kernel.name
+    src = hg.kernel.generate(plans[-1], "nvrtc")
+    assert "out_row[(n_base + nt * 16) / 2 + g] = from_float(gated_activation(gate, up));" in src
+    assert "gate = acc[nt][mt][j] + bias_gate[nt], up = acc[nt][mt][2 + j] + bias_up[nt];" in src
+    assert plans[-1].kernel_name.endswith("_ws_moe_" + activation)
+
+
+def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
+    plan = _plans(_layer("uint4-g128-zp"), block_ms=(128,))[0]
+    src = hg.kernel.generate(plan, "nvrtc")
+    # the routed total and each unit's expert come from the routing on the device, after the wait for the previous
+    # kernel (PDL), which every thread makes once, before reading them
+    body = src[src.index("__launch_bounds__(cfg::kThreads, 1)"):]
+    assert body.index("wait_for_previous_grid();") < body.index("unit_count(p)")
+    assert src.count("wait_for_previous_grid();") == 1 and "waited" not in src
+    assert "const int routed = *static_cast<const int*>(p.num_tokens_post_pad);" in src
+    assert "static_cast<const int*>(p.expert_ids)[block]" in src
+    assert src.count("if (tc.expert < 0) continue;") == 2  # producer and consumers skip the same units
+    # the producer rebases the stacked weights, scales and zero points, and gathers rows through sorted_ids
+    for field in ("b", "b_scale", "b_zero", "bias"):
+        assert f"p.{field} = static_cast<const char*>(p.{field}) + static_cast<long long>(expert) * cfg::" in src
+    assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in src
+    assert "gather_rows(a_src, p, tc.m0);" in src and "__shfl_sync(0xffffffffu, src[i / kAChunksPerRow]" in src
+    assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
+    # the consumers scatter each row to its assignment's row of c with the expert's bias and the router weight
+    assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0);" in src
+    assert "const int row = sorted_ids[m_base + mt * 8 + 2 * t + j];" in src and "if (row >= p.m) continue;" in src
+    assert "const float weight = static_cast<const float*>(p.topk_weights)[row];" in src
+    consts = {name: value for name, value, _ in plan.constants}
+    assert consts["kExpertBBytes"] == consts["kNPad"] * consts["kKPad"] * 4 // 8
+    # the same Params fields (so Launcher.moe binds it) and the same packed weight as the standard MoE kernels
+    standard = compose(plan.layer, WEIGHTED, attrs.evolve(choose_tunings(plan.layer, SM90, pipeline="standard")
+                                                          .for_m(1), split_k=1), SM90)
+    assert [a.name for a in plan.args] == [a.name for a in standard.args] and plan.layout == standard.layout
+    # the persistent grid covers the worst-case routing of m assignments, at most one CTA per SM
+    bm, tiles = plan.tuning.block_m, consts["kNTiles"]
+    assert plan.launch.units(100) == tiles * -(-(100 + 8 * (bm - 1)) // bm)
+    assert plan.grid(100) == (min(plan.launch.units(100), SM90.sm_count), 1, 1) and plan.grid(10**6)[0] == 132
+    unweighted = hg.kernel.generate(_plans(_layer("int4-g128", bias=False), ComputeConfig(gemm="indexed"),
+                                           block_ms=(32,))[0], "nvrtc")
+    assert "topk_weights" not in unweighted and "kExpertBiasBytes" not in unweighted
+
+
+def test_ws_moe_symbol_declarations_match_the_source() -> None:
+    plans = (_plans(_layer("uint4-g128-zp"), block_ms=(16, 128))
+             + _plans(_layer("mxfp4"), ComputeConfig(gemm="indexed", epilogue_activation="gelu_mul"), block_ms=(64,)))
+    for plan in plans:
+        assert missing_symbols(plan.components) == []
+        everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
+        for c in plan.components:
+            assert defined(c) - {plan.kernel_name} == set(c.provides), c.describe()
+            assert used(c, everything) == set(c.needs), c.describe()
+
+
+def test_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
+    layer = _layer("int4-g128")
+    tuning = choose_moe_tunings(layer, SM90).for_m(1000)
+    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
+        compose(layer, WEIGHTED, attrs.evolve(tuning, split_k=2), SM90)
+    for gemm in ("grouped_masked", "grouped_contiguous"):  # grouped layouts stay on the standard pipeline
+        with pytest.raises(ComposeError, match="this pipeline generates 'dense', 'indexed' kernels"):
+            compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+    with pytest.raises(ComposeError, match="gathered MoE rows come 16 per producer pass"):
+        compose(layer, WEIGHTED, attrs.evolve(tuning, block_k=64, block_m=8), SM90)
+    with pytest.raises(ComposeError, match="not a multiple of 16"):
+        compose(attrs.evolve(layer, n=1000), ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"), tuning,
+                SM90)
+    with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
+        compose(layer, ComputeConfig(), tuning, SM90)
+    a8 = LayerConfig(n=1024, k=2048, scheme="w8a8-fp8-channel", num_experts=8)  # 8-bit MoE: standard pipeline
+    with pytest.raises(ComposeError, match="compute.gemm='indexed'"):
+        compose(a8, WEIGHTED, choose_tunings(attrs.evolve(a8, num_experts=1), SM90).for_m(4096), SM90)
+    with pytest.raises(ComposeError, match="lacks 'wgmma'"):
+        compose(layer, WEIGHTED, tuning, get_target("sm_89"))
+
+
+def _moe_layers(scheme: str, fused: bool = False):
+    layers = [_layer(scheme, n=512, k=1024), _layer(scheme, n=1024, k=256)]
+    computes = [ComputeConfig(gemm="indexed", epilogue_activation="silu_mul" if fused else None), WEIGHTED]
+    return layers, computes
+
+
+def test_moe_tunings_take_warp_specialized_buckets_from_17_rows_per_expert_on_sm_90a() -> None:
+    layers, computes = _moe_layers("int4-g128")
+    for target in ("sm_90a", "sm_89"):
+        standard = [choose_tunings(layer, target, pipeline="standard") for layer in layers]
+        plans = moe_tunings(standard, layers, computes, target)
+        tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
+        assert tiles[0] == tiles[1]  # one routing per batch serves both GEMMs
+        pipelines = [t.pipeline for _, t in plans[0].buckets]
+        if target == "sm_89":
+            assert plans == standard and set(pipelines) == {"standard"}
+            continue
+        assert [m for m, _ in plans[0].buckets] == [8, 16, 32, 64, None]
+        assert pipelines == ["standard"] * 2 + ["warp_specialized"] * 3
+        assert [bm for _, bm in tiles[0]] == [8, 16, 32, 64, 128]
+        assert all(t.split_k == 1 for plan in plans for _, t in plan.buckets if t.pipeline == "warp_specialized")
+        forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
+        assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
+        assert moe_tunings(standard, layers, computes, target, pipeline="standard") == standard
+    # where the warp-specialized pipeline cannot serve a GEMM, every bucket stays standard (or, forced, it is refused)
+    for scheme in ("w8a8-fp8-channel", hg.QuantScheme("int4", group_size=40)):
+        layers = [attrs.evolve(layer, scheme=hg.scheme(scheme) if isinstance(scheme, str) else scheme)
+                  for layer in _moe_layers("int4-g128")[0]]
+        standard = [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
+        assert moe_tunings(standard, layers, computes, SM90) == standard
+        with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
+            moe_tunings(standard, layers, computes, SM90, pipeline="warp_specialized")
+    with pytest.raises(ValueError, match="pipeline='mma'"):
+        moe_tunings(standard, layers, computes, SM90, pipeline="mma")
+
+
+def test_quant_moe_pipelines_per_bucket_on_sm_90a_and_sm_89() -> None:
+    torch.manual_seed(3)
+    w13, w2 = torch.randn(8, 2 * 128, 256) * 0.05, torch.randn(8, 256, 128) * 0.05
+    b13, b2 = torch.randn(8, 256), torch.randn(8, 256)
+    moe = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13, bias2=b2,
+                              activation="swiglu_oai", gate_up_layout="interleaved", fused_activation=True)
+    kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
+    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 3
+    assert moe.block_ms == [8, 16, 32, 64, 128]
+    assert moe.block_m(1, 8) == 8 and moe.block_m(32, 8) == 32 and moe.block_m(33, 8) == 64  # rows per expert
+    assert moe.block_m(4096, 8) == 128
+    assert all(g1.kernel.plan.compute.epilogue_activation == "swiglu_oai" for g1, _ in moe._launchers)
+    for g1, g2 in moe._kernels:
+        for kernel in (g1, g2):
+            r = kernel.resources
+            assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+    # one packed copy per GEMM serves both pipelines' kernels
+    assert len({g1.plan.layout for g1, _ in moe._kernels}) == 1 and len({g2.plan.layout for _, g2 in moe._kernels}) == 1
+    # grouped layouts are the standard pipeline's, also for a warp-specialized bucket's rows
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "standard"
+    assert moe.launcher_for("w2", 4096, 128).kernel.plan.pipeline == "warp_specialized"
+    old = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_89", device="cpu", bias13=b13, bias2=b2)
+    assert {g.kernel.plan.pipeline for pair in old._launchers for g in pair} == {"standard"}
+    forced = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", pipeline="warp_specialized")
+    assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
+    assert forced.block_ms == [8, 16, 32, 64, 128]
+    with pytest.raises(ValueError, match="lacks 'wgmma'"):
+        QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_89", device="cpu", pipeline="warp_specialized")
+
+
+HOST_PRELUDE = """#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+typedef unsigned int u32;
+typedef unsigned short u16;
+struct Dim { unsigned x; } threadIdx;
+struct Params { const void* sorted_ids; const void* expert_ids; const void* num_tokens_post_pad; int m; int top_k; };
+// the producer's 128 threads run one after another: a shuffle reads the register of the lane it names from each
+// thread's gather_rows results (src is the array load_a_stage shuffles)
+std::vector<std::vector<int>> lane_src;
+#define __shfl_sync(mask, value, lane) lane_src[threadIdx.x / 32 * 32 + (lane)][&(value) - &src[0]]
+// cp.async: smem offset, source element (from a base of 0), bytes
+void cp_async_16(u32 dst, const void* src, int bytes) {
+  printf("copy %u %ld %d\\n", dst, (long)((const u16*)src - (const u16*)0), bytes);
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("block_m", [8, 32, 128])
+def test_ws_moe_schedule_and_row_gather_on_the_host(block_m: int, tmp_path) -> None:
+    """The schedule and the producer's gather (templates rendered for a real plan, compiled for the host) against
+    moe_align's routing: the units cover every (routed m block, n tile) once with its expert, and every 16-byte
+    chunk of the activation tile is copied once, from row sorted_ids[m0 + r] / top_k (zero-filled for padding)."""
+    plan = _plans(_layer("int4-g128", n=640, k=200), block_ms=(block_m,))[0]
+    c = {name: value for name, value, _ in plan.constants}
+    parts = [next(x for x in plan.components if type(x).__name__ == name)
+             for name in ("MoeIndexedPersistentSchedule", "ATileSw128CpAsync")]
+    body = "".join(environment().get_template(x.template).render(**x.context()) for x in parts)
+    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
+    cfg += "constexpr int kProducerThreads = 128;\n" if "kProducerThreads" not in c else ""
+    main = """
+int main(int argc, char** argv) {
+  const int m = atoi(argv[1]), top_k = atoi(argv[2]), blocks = atoi(argv[3]), k0 = atoi(argv[4]);
+  std::vector<int> sorted_ids(blocks * cfg::kBlockM), expert_ids(blocks);
+  int routed;
+  for (int& v : sorted_ids) scanf("%d", &v);
+  for (int& v : expert_ids) scanf("%d", &v);
+  scanf("%d", &routed);
+  Params p{sorted_ids.data(), expert_ids.data(), &routed, m, top_k};
+  const int units = unit_count(p);
+  printf("units %d\\n", units);
+  for (int u = 0; u < units; ++u) {
+    const TileCoord tc = unit_coord(p, u);
+    printf("unit %d %d %d %d %d\\n", tc.n0, tc.m0, tc.kt_begin, tc.kt_end, tc.expert);
+    if (tc.n0 != 0) continue;  // the gather of each m block, once
+    lane_src.assign(cfg::kProducerThreads, std::vector<int>(kAGatherRegs));
+    for (threadIdx.x = 0; threadIdx.x < cfg::kProducerThreads; ++threadIdx.x) {
+      int regs[kAGatherRegs];
+      gather_rows(regs, p, tc.m0);
+      for (int j = 0; j < kAGatherRegs; ++j) lane_src[threadIdx.x][j] = regs[j];
+    }
+    for (threadIdx.x = 0; threadIdx.x < cfg::kProducerThreads; ++threadIdx.x) {
+      int src[kAGatherRegs];
+      for (int j = 0; j < kAGatherRegs; ++j) src[j] = lane_src[threadIdx.x][j];
+      load_a_stage(0, (const u16*)0, 1000, src, k0);
+    }
+  }
+  return 0;
+}
+"""
+    source = tmp_path / "gather.cpp"
+    source.write_text(HOST_PRELUDE + "namespace cfg {\n" + cfg + "}\n" + body + main)
+    exe = tmp_path / "gather"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(source)], check=True, capture_output=True)
+    torch.manual_seed(block_m)
+    m_tokens, top_k, experts, lda = 37, 3, 8, 1000
+    ids = torch.randint(0, experts, (m_tokens, top_k), dtype=torch.int32)
+    ids[0, 0] = ids[5, 2] = -1  # skipped assignments
+    r = moe_align_reference(ids, experts, block_m)
+    routed = int(r.num_tokens_post_pad)
+    for k0 in (0, 128):  # the second k tile reaches past K = 200: columns at or past K are zero-filled
+        blocks = r.expert_ids.numel()
+        stdin = " ".join(map(str, r.sorted_ids.tolist() + r.expert_ids.tolist() + [routed]))
+        out = subprocess.run([str(exe), str(m_tokens * top_k), str(top_k), str(blocks), str(k0)], input=stdin,
+                             check=True, capture_output=True, text=True).stdout.splitlines()
+        units = [tuple(map(int, line.split()[1:])) for line in out if line.startswith("unit ")]
+        assert int(out[0].split()[1]) == len(units) == c["kNTiles"] * routed // block_m
+        assert sorted((n0, m0) for n0, m0, *_ in units) == sorted(
+            (n * c["kBlockN"], b * block_m) for b in range(routed // block_m) for n in range(c["kNTiles"]))
+        assert all(e == int(r.expert_ids[m0 // block_m]) >= 0 and (kb, ke) == (0, c["kKTiles"])
+                   for _, m0, kb, ke, e in units)
+        copies = [tuple(map(int, line.split()[1:])) for line in out if line.startswith("copy ")]
+        assert len(copies) == routed // block_m * block_m * c["kBlockK"] // 8
+        seen = {}
+        for unit, start in enumerate(range(0, len(copies), block_m * c["kBlockK"] // 8)):
+            m0 = unit * block_m
+            for dst, src, nbytes in copies[start:start + block_m * c["kBlockK"] // 8]:
+                assert dst not in seen.setdefault(m0, set())
+                seen[m0].add(dst)
+                panel, rest = divmod(dst, c["kBlockM"] * 128)
+                row, byte = divmod(rest, 128)
+                chunk = panel * 8 + ((byte // 16) ^ (row % 8))
+                assignment = int(r.sorted_ids[m0 + row])
+                gk = k0 + chunk * 8
+                if assignment >= m_tokens * top_k or gk >= c["kKA"]:
+                    assert nbytes == 0, (m0, row, chunk)
+                else:
+                    assert nbytes == 16 and src == assignment // top_k * lda + gk, (m0, row, chunk)
+            assert len(seen[m0]) == block_m * c["kBlockK"] // 8
