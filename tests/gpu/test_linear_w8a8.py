@@ -151,12 +151,13 @@ def test_group32_activation_scales(scheme, n: int, k: int) -> None:
     """Group-32 activation scales, e8m0 (MX, read as powers of two) or fp32, promoted every 32 k on both pipelines
     (M = 200 and 1000 take the warp-specialized kernels on sm_90a)."""
     torch.manual_seed(n)
-    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
+    qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
     layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
     assert layer.compute_dtype == "float8e4m3" and not layer.fallback_reasons
     assert_pipelines(layer)
     for m in (1, 64, 200, 1000):
-        _check(layer, qw, None, torch.bfloat16, m, f"{scheme}")
+        _check(layer, qw, None, torch.bfloat16, m, f"{scheme.activation}")
 
 
 def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:
