@@ -13,6 +13,7 @@ from humming_gen.codegen import KernelPlan, compose, render
 from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROUTING, ROWS,
                                         SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
 from humming_gen.targets import Target, get_target
@@ -111,7 +112,7 @@ class Launcher:
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
                  "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",
-                 "_routing_slots")
+                 "_routing_slots", "_grids")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
@@ -138,6 +139,7 @@ class Launcher:
         if isinstance(plan.launch, PersistentLaunch) and self.device.type == "cuda":
             self._grid = self._resident_grid(plan.launch)
         self._cluster = plan.launch.cluster
+        self._grids: dict[int, tuple[int, int, int]] = {}  # m -> grid (a plan's grid is a pure function of m)
         self._scratch_rows = 0
         self._scratch: dict[str, torch.Tensor] = {}
         if self._scratch_slots:
@@ -202,15 +204,18 @@ class Launcher:
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
-        from humming_gen.runtime import launch
-
         if self._fn is None:
             self._fn = self.kernel._function(self.device.index or 0)
+        grid = self._grids.get(m)
+        if grid is None:
+            if len(self._grids) >= 1024:  # a bound on memory for callers of many distinct M
+                self._grids.clear()
+            grid = self._grids[m] = self._grid(m)
         values, at = self._values, self._per_call
         values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
-        launch(self._fn, self._grid(m), self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
-               pdl=self._pdl)
+        runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
+                       pdl=self._pdl)
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
             topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from humming_gen.activation.kernel import PARTIALS, QuantizeConfig, build
@@ -14,6 +12,7 @@ from humming_gen.targets import Target
 _INPUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 _SCALE_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _targets: dict[int, Target] = {}
+_DEVICE_TYPES = ("cuda",)  # where the kernels run (CPU tests of the host path add "cpu", with launches stubbed)
 
 
 def _target(device: torch.device) -> Target:
@@ -22,6 +21,51 @@ def _target(device: torch.device) -> Target:
     if found is None:
         found = _targets[index] = Target.current(index)
     return found
+
+
+class _Plan:
+    """What quantize_activation decides once per (scheme, input dtype, target, static scale, 16-byte row loads):
+    the kernels and the facts their launch needs."""
+
+    __slots__ = ("scheme", "target", "kernel", "amax", "bits", "group", "tensor", "group_lanes", "vector",
+                 "scale_torch")
+
+    def __init__(self, scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
+                 hardware_convert: bool):
+        element_bytes = dtype.itemsize
+        dtype_name = _INPUT_DTYPES[dtype]
+        wide = row_wide and (scheme.granularity != "group" or scheme.group_size * element_bytes % 16 == 0)
+        cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert)
+        self.scheme, self.target, self.kernel = scheme, target, build(cfg)
+        self.amax = (build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
+                     if cfg.needs_amax_pass else None)
+        self.bits, self.group, self.tensor = scheme.dtype.bits, scheme.granularity == "group", \
+            scheme.granularity == "tensor"
+        self.group_lanes = cfg.group_lanes if cfg.kind == "quantize_group_lanes" else None
+        self.vector = cfg.vector
+        self.scale_torch = _SCALE_TORCH.get(scheme.scale_dtype.name, torch.uint8)
+
+    def row_bytes(self, k: int) -> int:
+        return k if self.bits == 8 else k // 2
+
+    def ldq(self, k: int) -> int:
+        """Bytes per row of codes: rows 16-byte aligned."""
+        return -(-self.row_bytes(k) // 16) * 16
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan(scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
+          hardware_convert: bool) -> _Plan:
+    """The cached plan (keyed by identity: hashing a scheme costs more than the rest of a call)."""
+    key = (id(scheme), id(target), dtype, static, row_wide, hardware_convert)
+    plan = _plans.get(key)
+    if plan is None or plan.scheme is not scheme or plan.target is not target:
+        if len(_plans) >= 256:  # a bound on memory (and on ids of collected schemes)
+            _plans.clear()
+        plan = _plans[key] = _Plan(scheme, dtype, target, static, row_wide, hardware_convert)
+    return plan
 
 
 def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> None:
@@ -36,7 +80,7 @@ def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> Non
     if x.dim() < 2:
         raise ValueError(f"quantize_activation: x must be (..., M, K) with at least 2 dims, got shape "
                          f"{tuple(x.shape)}")
-    if x.device.type != "cuda":
+    if x.device.type not in _DEVICE_TYPES:
         raise ValueError(f"quantize_activation: x is on {x.device}; the kernels run on a CUDA device")
     k = x.shape[-1]
     if k < 1 or x.numel() == 0:
@@ -47,7 +91,8 @@ def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> Non
         raise ValueError(f"quantize_activation: x must have unit stride along K (row-major rows), got strides "
                          f"{x.stride()}")
     try:
-        x.view(-1, k)
+        if x.dim() != 2:  # (m, k) rows of unit column stride always have one row stride
+            x.view(-1, k)
     except RuntimeError:
         raise ValueError(f"quantize_activation: the leading dims of x must flatten to rows of one stride, got "
                          f"shape {tuple(x.shape)} strides {x.stride()}; pass x.contiguous()") from None
@@ -83,58 +128,48 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]
-    x2 = x.view(-1, k)
+    # (m, k) x is its own row matrix, except one row, whose stride view() sets to k
+    x2 = x if x.dim() == 2 and (x.shape[0] != 1 or x.stride(0) == k) else x.view(-1, k)
     m = x2.shape[0]
-    target = _target(device)
-    dtype_name = _INPUT_DTYPES[x.dtype]
     element_bytes = x.element_size()
-    vector_bytes = 16
-    wide = (k * element_bytes % vector_bytes == 0 and x2.stride(0) * element_bytes % vector_bytes == 0
-            and x2.data_ptr() % vector_bytes == 0
-            and (scheme.granularity != "group" or scheme.group_size * element_bytes % vector_bytes == 0))
+    # 16-byte loads where K, the row stride and the start allow them (the amax pass reads whole rows; the quantize
+    # kernel also needs whole vectors per group)
+    row_wide = k * element_bytes % 16 == 0 and x2.stride(0) * element_bytes % 16 == 0 and x2.data_ptr() % 16 == 0
     static = static_scale is not None
-    cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert)
-    # the amax pass reads whole rows: 16-byte loads whenever x allows them
-    row_wide = wide or (k * element_bytes % vector_bytes == 0 and x2.stride(0) * element_bytes % vector_bytes == 0
-                        and x2.data_ptr() % vector_bytes == 0)
+    plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert)
 
-    row_bytes = k if scheme.dtype.bits == 8 else k // 2
-    ldq = -(-row_bytes // 16) * 16
-    codes = torch.empty((m, ldq), dtype=torch.uint8, device=device)
-    lead = tuple(x.shape[:-1])
-    groups = math.ceil(k / scheme.group_size) if scheme.granularity == "group" else 1
-    sd = scheme.scale_dtype
-    scale_torch = _SCALE_TORCH.get(sd.name, torch.uint8)
-    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": ldq, "m": m, "k": k,
-              "groups": groups}
+    codes = torch.empty((m, plan.ldq(k)), dtype=torch.uint8, device=device)
+    groups = -(-k // scheme.group_size) if plan.group else 1
+    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": codes.shape[1], "m": m,
+              "k": k, "groups": groups}
     global_scale = None
-    if scheme.granularity == "tensor" and static:
+    if plan.tensor and static:
         scales = static_scale.reshape((1,) * x.dim()).to(torch.float32)
         values["tensor_scale"] = scales.data_ptr()
     else:
-        rows = 1 if scheme.granularity == "tensor" else m
-        scales = torch.empty((rows, groups), dtype=scale_torch, device=device)
+        scales = torch.empty((1 if plan.tensor else m, groups), dtype=plan.scale_torch, device=device)
         values["scales"] = scales.data_ptr()
-        scales = scales.reshape((1,) * x.dim()) if scheme.granularity == "tensor" else scales.reshape(*lead, groups)
+        if x.dim() != 2:
+            scales = scales.reshape((1,) * x.dim()) if plan.tensor else scales.reshape(*x.shape[:-1], groups)
     if scheme.global_scale:
         global_scale = (static_scale.reshape(()).to(torch.float32) if static
                         else torch.empty((), dtype=torch.float32, device=device))
         values["global_scale"] = global_scale.data_ptr()
-    if cfg.needs_amax_pass:
+    index = device.index or 0
+    if plan.amax is not None:
         partials = torch.empty(PARTIALS, dtype=torch.float32, device=device)
         values["partials"] = partials.data_ptr()
-        amax = build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
-        amax.launch(PARTIALS, values, device.index or 0)
-    kernel = build(cfg)
-    if cfg.kind == "quantize_rows":
-        grid = m
-    elif cfg.kind == "quantize_group_lanes":
-        row_vectors = -(-k // cfg.vector)
-        row_vectors = -(-row_vectors // cfg.group_lanes) * cfg.group_lanes
-        values["row_vectors"] = row_vectors
+        plan.amax.launch(PARTIALS, values, index)
+    if plan.group_lanes:
+        row_vectors = -(-k // plan.vector)
+        row_vectors = values["row_vectors"] = -(-row_vectors // plan.group_lanes) * plan.group_lanes
         grid = -(-m * row_vectors // 256)
     else:
-        grid = -(-m * groups // 256)
-    kernel.launch(grid, values, device.index or 0)
-    codes = codes[:, :row_bytes].reshape(*lead, row_bytes) if m else codes
+        grid = m if not plan.group else -(-m * groups // 256)
+    plan.kernel.launch(grid, values, index)
+    row_bytes = plan.row_bytes(k)
+    if row_bytes != codes.shape[1]:
+        codes = codes[:, :row_bytes]
+    if x.dim() != 2:
+        codes = codes.reshape(*x.shape[:-1], row_bytes)
     return QuantizedActivation(scheme, codes, scales, global_scale, layout="kernel")

@@ -21,6 +21,7 @@ import attrs
 
 from humming_gen.activation.components import (BlockMax, BlockScaleRule, ElementCode, Rounding, ScalarPtx,
                                                Skeleton, StaticScale, VectorIO, hardware_convert)
+import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.ptx.wrappers import GridDependency
 from humming_gen.formats import FloatType, IntType
@@ -288,16 +289,15 @@ class QuantizeKernel:
         self.struct = params_struct(cfg)
         self.fields = [f[0] for f in param_fields(cfg)]
         self._functions: dict[int, Any] = {}
+        self._pdl = cfg.pdl
 
     def __repr__(self) -> str:
         return f"QuantizeKernel({self.name})"
 
     def launch(self, grid: int, values: dict[str, int], device: int) -> None:
         """Launch on torch's current stream with PDL where the target has it; `values` fills every Params field."""
-        from humming_gen.runtime import launch, load
-
         fn = self._functions.get(device)
         if fn is None:
-            fn = self._functions[device] = load(self.compiled, 0)
-        launch(fn, (grid, 1, 1), (THREADS, 1, 1), 0, self.struct.pack(*(values[f] for f in self.fields)),
-               pdl=self.config.pdl)
+            fn = self._functions[device] = runtime.load(self.compiled, 0)
+        runtime.launch(fn, (grid, 1, 1), (THREADS, 1, 1), 0, self.struct.pack(*map(values.__getitem__, self.fields)),
+                       pdl=self._pdl)

@@ -9,7 +9,8 @@ import attrs
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
 from humming_gen.layer.compute_type import resolve
-from humming_gen.layer.ops import register_layer
+from humming_gen.layer.eager import direct_call
+from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
 from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
@@ -189,8 +190,8 @@ class QuantLinear(torch.nn.Module):
                              f"that collapse into one row index, as out.view(-1, {n}) does)")
         if c.shape[0] == 0:
             return c
-        if c.shape[0] == 1:
-            return c.as_strided((1, n), (n, 1))  # one row: its row stride is never used
+        if c.shape[0] == 1:  # one row: its row stride is never used (kept in range for the kernel's 32-bit ldc)
+            return c if c.stride(0) == n else c.as_strided((1, n), (n, 1))
         if not n <= c.stride(0) <= _INT32_MAX:
             raise ValueError(f"out has strides {out.stride()} for shape {tuple(out.shape)}; its rows must be "
                              f"disjoint and evenly spaced: a row stride in [{n}, {_INT32_MAX}] elements, got "
@@ -205,8 +206,7 @@ class QuantLinear(torch.nn.Module):
         a = _as_rows(x, k)
         if a is None:
             a = x.reshape(-1, k).contiguous()  # a copy: no single row stride reaches every row
-        m = a.shape[0]
-        if m == 1:
+        if a.shape[0] == 1 and a.stride(0) != k:
             a = a.as_strided((1, k), (k, 1))  # one row: its row stride is never used
         if self.weight.k_perm is not None:
             a = a[:, self.weight.k_perm]
@@ -256,10 +256,15 @@ class QuantLinear(torch.nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if out is None:
+            if direct_call(x):  # plain eager call: the op's body without its dispatch (humming_gen.layer.eager)
+                return run_gemm(self, x)
             return torch.ops.humming_gen.gemm(x, self._op_id)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        torch.ops.humming_gen.gemm_out(x, out, self._op_id)
+        if direct_call(x, out):
+            run_gemm_out(self, x, out)
+        else:
+            torch.ops.humming_gen.gemm_out(x, out, self._op_id)
         return out
 
     def extra_repr(self) -> str:

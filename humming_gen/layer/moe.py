@@ -18,6 +18,7 @@ import torch
 import humming_gen.layer.moe_ops  # noqa: F401  (registers the humming_gen::fused_moe / moe_gemm ops)
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.layer.compute_type import resolve
+from humming_gen.layer.eager import direct_call
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight, resolve_device
@@ -298,6 +299,8 @@ class QuantMoE(torch.nn.Module):
 
         x (M, H) of the layer's dtype; topk_weights / topk_ids (M, top_k) (ids local experts, or global ids with
         `expert_map`: global id -> local expert, -1 for other ranks' experts); -1 ids are skipped."""
+        if direct_call(x, topk_weights, topk_ids, expert_map):  # plain eager call: the op's body without its dispatch
+            return self.run(x, topk_weights, topk_ids, expert_map)
         self.check_input(x, topk_weights, topk_ids, expert_map)
         return torch.ops.humming_gen.fused_moe(x, self._op_id, topk_weights, topk_ids, expert_map)
 
@@ -310,10 +313,8 @@ class QuantMoE(torch.nn.Module):
 
         self.check_input(x, topk_weights, topk_ids, expert_map)
         m, top_k = topk_ids.shape
-        if out is None:
-            out = torch.empty(m, self.hidden, dtype=self.dtype, device=self.device)
         if m == 0:
-            return out
+            return torch.empty(0, self.hidden, dtype=self.dtype, device=self.device) if out is None else out
         if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             x = x.contiguous()  # the kernel reads rows in 16-byte pieces
         bucket = self.bucket_for(m, top_k)
@@ -335,8 +336,13 @@ class QuantMoE(torch.nn.Module):
                                    self.swiglu_limit).to(self.dtype)
         a2, a2_scale = self.gemm_input(act, 1)
         y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
-        gemm2.moe(a2, y, routing, 1, topk_weights.to(torch.float32).contiguous().reshape(-1), a_scale=a2_scale)
-        out.copy_(torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32))
+        if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
+            topk_weights = topk_weights.to(torch.float32).contiguous()
+        gemm2.moe(a2, y, routing, 1, topk_weights.view(-1), a_scale=a2_scale)
+        total = torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32)
+        if out is None:
+            return total.to(self.dtype)  # a new tensor: the same rounding as copy_ into one
+        out.copy_(total)
         return out
 
     def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import _LAYERS
 
 if TYPE_CHECKING:
@@ -115,6 +116,10 @@ def fused_moe(x: torch.Tensor, layer: "QuantMoE", topk_weights: torch.Tensor, to
         if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
             raise TypeError(f"routed_scaling_factor must be a float or None, got {routed_scaling_factor!r}")
         topk_weights = topk_weights.to(torch.float32) * float(routed_scaling_factor)
+    if direct_call(x, topk_weights, topk_ids, expert_map, output):  # the op's body without its dispatch
+        if output is not None:
+            layer.check_out(x, output)
+        return layer.run(x, topk_weights, topk_ids, expert_map, out=output)
     if output is None:
         return torch.ops.humming_gen.fused_moe(x, layer._op_id, topk_weights, topk_ids, expert_map)
     torch.ops.humming_gen.fused_moe_out(x, output, layer._op_id, topk_weights, topk_ids, expert_map)

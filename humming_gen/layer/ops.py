@@ -42,14 +42,26 @@ def get_layer(layer_id: int) -> "QuantLinear":
     return layer
 
 
-@torch.library.custom_op("humming_gen::gemm", mutates_args=())
-def gemm(x: torch.Tensor, layer_id: int) -> torch.Tensor:
-    """y = x @ W^T (+ bias) of layer `layer_id`; x (..., K), rows may be strided, y (..., N) contiguous."""
-    layer = get_layer(layer_id)
+def run_gemm(layer: "QuantLinear", x: torch.Tensor) -> torch.Tensor:
+    """The eager body of `humming_gen::gemm` (QuantLinear.forward calls it without the op where that is the same:
+    humming_gen.layer.eager)."""
     layer.check_input(x)
     out = torch.empty(*x.shape[:-1], layer.out_features, dtype=layer.out_dtype, device=x.device)
     layer.launch(x, out)
     return out
+
+
+def run_gemm_out(layer: "QuantLinear", x: torch.Tensor, out: torch.Tensor) -> None:
+    """The eager body of `humming_gen::gemm_out`."""
+    layer.check_input(x)
+    layer.check_out(x, out)
+    layer.launch(x, out)
+
+
+@torch.library.custom_op("humming_gen::gemm", mutates_args=())
+def gemm(x: torch.Tensor, layer_id: int) -> torch.Tensor:
+    """y = x @ W^T (+ bias) of layer `layer_id`; x (..., K), rows may be strided, y (..., N) contiguous."""
+    return run_gemm(get_layer(layer_id), x)
 
 
 @gemm.register_fake
@@ -62,10 +74,7 @@ def _gemm_fake(x: torch.Tensor, layer_id: int) -> torch.Tensor:
 @torch.library.custom_op("humming_gen::gemm_out", mutates_args=("out",))
 def gemm_out(x: torch.Tensor, out: torch.Tensor, layer_id: int) -> None:
     """out = x @ W^T (+ bias) of layer `layer_id`, written into a caller's tensor (rows may be strided)."""
-    layer = get_layer(layer_id)
-    layer.check_input(x)
-    layer.check_out(x, out)
-    layer.launch(x, out)
+    run_gemm_out(get_layer(layer_id), x, out)
 
 
 @gemm_out.register_fake

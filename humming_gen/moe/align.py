@@ -8,8 +8,11 @@ torch reference (humming_gen.reference.moe), which defines the outputs bit for b
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from humming_gen.layer.eager import direct_call
 from humming_gen.moe.kernel import CHUNK, MAX_EXPERTS, SINGLE_MAX, AlignConfig, build
 from humming_gen.reference.moe import MoeAlignment, max_padded_size, moe_align_reference
 from humming_gen.targets import Target
@@ -79,10 +82,22 @@ def _check(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: t
 def _empty_outputs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, ...]:
     numel = topk_ids.numel()
     max_padded = max_padded_size(numel, num_experts, block_m)
-    def new(size: int) -> torch.Tensor:
-        return topk_ids.new_empty((size,), dtype=torch.int32)
+    device, i32, empty = topk_ids.device, torch.int32, torch.empty  # (fake tensors under a fake mode)
+    return (empty(max_padded, dtype=i32, device=device), empty(max_padded // block_m, dtype=i32, device=device),
+            empty(1, dtype=i32, device=device), empty(num_experts + 1, dtype=i32, device=device),
+            empty(num_experts, dtype=i32, device=device), empty(numel, dtype=i32, device=device))
 
-    return (new(max_padded), new(max_padded // block_m), new(1), new(num_experts + 1), new(num_experts), new(numel))
+
+def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+           expert_map: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The eager body of `humming_gen::moe_align` (moe_align calls it without the op where that is the same:
+    humming_gen.layer.eager)."""
+    _check(topk_ids, num_experts, block_m, expert_map)
+    if topk_ids.device.type == "cpu":
+        return tuple(moe_align_reference(topk_ids, num_experts, block_m, expert_map))
+    outputs = _empty_outputs(topk_ids, num_experts, block_m)
+    _launch(topk_ids, num_experts, block_m, expert_map, outputs)
+    return outputs
 
 
 @torch.library.custom_op("humming_gen::moe_align", mutates_args=())
@@ -90,12 +105,7 @@ def _moe_align_op(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                   expert_map: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                             torch.Tensor, torch.Tensor]:
     """(sorted_ids, expert_ids, num_tokens_post_pad, expert_offsets, expert_counts, inverse); see MoeAlignment."""
-    _check(topk_ids, num_experts, block_m, expert_map)
-    if topk_ids.device.type == "cpu":
-        return tuple(moe_align_reference(topk_ids, num_experts, block_m, expert_map))
-    outputs = _empty_outputs(topk_ids, num_experts, block_m)
-    _launch(topk_ids, num_experts, block_m, expert_map, outputs)
-    return outputs
+    return _align(topk_ids, num_experts, block_m, expert_map)
 
 
 @_moe_align_op.register_fake
@@ -109,7 +119,8 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: 
     """One kernel (numel <= SINGLE_MAX) or the count + scatter pair, on the current stream."""
     sorted_ids, expert_ids, total, offsets, counts, inverse = outputs
     device = topk_ids.device
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
     target = _target(index)
     numel = topk_ids.numel()
     id_dtype = _INDEX_DTYPES[topk_ids.dtype]
@@ -120,9 +131,10 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: 
               "inverse": inverse.data_ptr(), "numel": numel,
               "num_ids": expert_map.numel() if expert_map is not None else num_experts,
               "num_experts": num_experts, "block_m": block_m, "max_padded": sorted_ids.numel()}
-    with torch.cuda.device(index):
+    # NOTE: the device switch only where needed: entering torch.cuda.device costs about as much as a launch
+    with torch.cuda.device(index) if index != current else contextlib.nullcontext():
         if numel <= SINGLE_MAX:
-            kernel = build(AlignConfig("single", id_dtype, map_dtype, target))
+            kernel = _kernel("single", id_dtype, map_dtype, target)
             warps = kernel.config.threads // 32
             values["chunk"] = -(-numel // (32 * warps)) * 32 * warps  # whole 32-wide steps per warp
             kernel.launch(1, values, num_experts, index)
@@ -130,8 +142,20 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: 
         grid = -(-numel // CHUNK)
         partials = torch.empty(grid * num_experts, dtype=torch.int32, device=device)
         values.update(chunk=CHUNK, partials=partials.data_ptr())
-        build(AlignConfig("count", id_dtype, map_dtype, target)).launch(grid, values, num_experts, index)
-        build(AlignConfig("scatter", id_dtype, map_dtype, target)).launch(grid, values, num_experts, index)
+        _kernel("count", id_dtype, map_dtype, target).launch(grid, values, num_experts, index)
+        _kernel("scatter", id_dtype, map_dtype, target).launch(grid, values, num_experts, index)
+
+
+_kernels: dict[tuple, object] = {}
+
+
+def _kernel(kind: str, id_dtype: str, map_dtype: str | None, target: Target):
+    """build(AlignConfig(...)) without building and hashing the config on every call."""
+    key = (kind, id_dtype, map_dtype, id(target))
+    found = _kernels.get(key)
+    if found is None or found.config.target is not target:
+        found = _kernels[key] = build(AlignConfig(kind, id_dtype, map_dtype, target))
+    return found
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
@@ -150,5 +174,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     and block_m. Within an expert, assignments keep their order (index m * topk + j): results are reproducible.
     Raises ValueError / TypeError naming the argument before anything is launched.
     """
+    if direct_call(topk_ids, expert_map):
+        return MoeAlignment(*_align(topk_ids, num_experts, block_m, expert_map))
     _check(topk_ids, num_experts, block_m, expert_map, values=False)
     return MoeAlignment(*torch.ops.humming_gen.moe_align(topk_ids, num_experts, block_m, expert_map))

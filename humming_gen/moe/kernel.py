@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.base import Component
 from humming_gen.components.ptx.wrappers import GridDependency
@@ -217,17 +218,19 @@ class AlignKernel:
         self.struct = params_struct(cfg)
         self.fields = [f[0] for f in param_fields(cfg)]
         self._functions: dict[tuple[int, int], Any] = {}
+        self._pdl, self._block = cfg.pdl, (cfg.threads, 1, 1)
+        self._smem: dict[int, int] = {}  # num_experts -> dynamic shared memory
 
     def __repr__(self) -> str:
         return f"AlignKernel({self.name})"
 
     def launch(self, grid: int, values: dict[str, int], num_experts: int, device: int) -> None:
         """Launch on torch's current stream (PDL where the target has it); `values` fills every Params field."""
-        from humming_gen.runtime import launch, load
-
-        smem = self.config.shared_bytes(num_experts)
+        smem = self._smem.get(num_experts)
+        if smem is None:
+            smem = self._smem[num_experts] = self.config.shared_bytes(num_experts)
         fn = self._functions.get((device, smem))
         if fn is None:
-            fn = self._functions[(device, smem)] = load(self.compiled, smem)
-        launch(fn, (grid, 1, 1), (self.config.threads, 1, 1), smem,
-               self.struct.pack(*(values[f] for f in self.fields)), pdl=self.config.pdl)
+            fn = self._functions[(device, smem)] = runtime.load(self.compiled, smem)
+        runtime.launch(fn, (grid, 1, 1), self._block, smem, self.struct.pack(*map(values.__getitem__, self.fields)),
+                       pdl=self._pdl)

@@ -34,7 +34,9 @@ class MoeAlignment(NamedTuple):
 def max_padded_size(numel: int, num_experts: int, block_m: int) -> int:
     """Length of sorted_ids for any routing: every used expert adds at most block_m - 1 padding rows, and at most
     min(E, numel) experts are used; rounded up to whole blocks."""
-    bound = numel + torch.sym_min(num_experts, numel) * (block_m - 1)  # integer ops only: M may be symbolic
+    # integer ops only: M may be symbolic (torch.sym_min for a SymInt; min, cheaper, for ints)
+    used = min(num_experts, numel) if type(numel) is int else torch.sym_min(num_experts, numel)
+    bound = numel + used * (block_m - 1)
     return (bound + block_m - 1) // block_m * block_m
 
 

@@ -1,0 +1,212 @@
+"""The host path of one eager forward call (issue 10: eager within a few microseconds of CUDA-graph time), checked
+by structure, not by wall time: layers built for sm_90a on the CPU with only the driver stubbed (module load,
+launch config, cuLaunchKernelEx, current stream), so runtime.launch, the Launcher's packing, quantize_activation's
+and moe_align's launch paths all run. Per forward: the kernel launches, the torch ops (torch.profiler, which sets
+no dispatch mode), no torch.library dispatch, no config building, and a budget of Python function calls; the direct
+eager path launches exactly what the op path launches; tracing still sees the ops.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+import humming_gen as hg
+import humming_gen.activation.api as api
+import humming_gen.moe.align as align
+import humming_gen.runtime as runtime
+from humming_gen.layer.eager import direct_call
+from humming_gen.runtime.module import LoadedKernel
+from humming_gen.targets import get_target
+
+launch_mod = sys.modules["humming_gen.runtime.launch"]  # the package's `launch` attribute is the function
+TARGET = get_target("sm_90a")
+N = K = 256
+E, H, I, TOP_K = 16, 256, 128, 4
+
+# Torch ops a GPU forward runs at M = 1 (top-level aten ops; every one a kernel launch or an allocation on a GPU).
+# A change that adds one fails here: make it cheap or raise the budget with the reason. The CPU-only id range
+# check of moe_align (min / max / item on CPU topk_ids, skipped for CUDA tensors) is left out.
+LINEAR_OPS = {"w4a16-int4-g128": Counter({"aten::empty": 1}),          # the output
+              "w8a8-fp8-channel": Counter({"aten::empty": 3})}         # output, codes, scales
+_MOE_OPS = Counter({"aten::empty": 7, "aten::to": 2, "aten::slice": 2,  # routing (6), h, the gated activation
+                    "aten::silu": 1, "aten::mul": 1,
+                    "aten::zeros": 1, "aten::view": 2, "aten::sum": 1})   # GEMM2's rows, the fp32 top-k sum, cast
+_MOE_OPS["aten::to"] += 1
+MOE_OPS = {"w4a16-int4-g128": _MOE_OPS,
+           "w8a8-fp8-channel": _MOE_OPS + Counter({"aten::empty": 4})}  # codes and scales of both GEMM inputs
+LAUNCHES = {("linear", "w4a16-int4-g128"): 1, ("linear", "w8a8-fp8-channel"): 2,   # (quantize,) GEMM
+            ("moe", "w4a16-int4-g128"): 3, ("moe", "w8a8-fp8-channel"): 5}         # align, (quantize,) 2 GEMMs
+# Python function calls of one warm forward (sys.setprofile 'call' events), about 25% above today's count.
+PY_CALLS = {("linear", "w4a16-int4-g128"): 24, ("linear", "w8a8-fp8-channel"): 39,   # today 19, 31
+            ("moe", "w4a16-int4-g128"): 65, ("moe", "w8a8-fp8-channel"): 95}         # today 52, 76
+CPU_ONLY = {"aten::min", "aten::max", "aten::item"}
+FORMATS = ("w4a16-int4-g128", "w8a8-fp8-channel")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Stub the driver below runtime.launch; return the list of (kernel name, grid, params) launched."""
+    calls = []
+
+    def load(compiled, smem=0):
+        return LoadedKernel(compiled=compiled, function=compiled.kernel_name, device=0, dynamic_smem_bytes=smem,
+                            num_regs=0, static_smem_bytes=0, max_dynamic_smem_bytes=1 << 20, local_bytes=0,
+                            max_threads_per_block=1024, param_size=None)
+
+    def spy(fn, grid, block, smem, params, **kw):  # then the real runtime.launch, down to the stubbed driver
+        calls.append((fn.kernel_name, grid, bytes(params)))
+        return launch(fn, grid, block, smem, params, **kw)
+
+    launch = launch_mod.launch
+    monkeypatch.setattr(runtime, "launch", spy)
+    monkeypatch.setattr(runtime, "load", load)
+    monkeypatch.setattr(launch_mod, "_make_config", lambda *args: (object(), []))
+    monkeypatch.setattr(launch_mod, "_launch_fn", lambda config, function, argv, flags: (0,))
+    monkeypatch.setattr(launch_mod, "_success", 0)
+    monkeypatch.setattr(launch_mod, "_stream_getter", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(api, "_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(api, "_target", lambda device: TARGET)
+    monkeypatch.setattr(align, "_target", lambda index: TARGET)
+
+    def align_cuda_path(topk_ids, num_experts, block_m, expert_map=None):  # the kernels' path, on CPU tensors
+        outputs = align._empty_outputs(topk_ids, num_experts, block_m)
+        align._launch(topk_ids, num_experts, block_m, expert_map, outputs)
+        return outputs
+
+    monkeypatch.setattr(align, "moe_align_reference", align_cuda_path)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def layers():
+    torch.manual_seed(0)
+    built = {}
+    for fmt in FORMATS:
+        s = hg.scheme(fmt)
+        built["linear", fmt] = hg.QuantLinear.from_quantized(s.quantize(torch.randn(N, K) * 0.05), target="sm_90a",
+                                                             device="cpu")
+        built["moe", fmt] = hg.QuantMoE.from_quantized(s.quantize(torch.randn(E, 2 * I, H) * 0.05),
+                                                       s.quantize(torch.randn(E, H, I) * 0.05), target="sm_90a",
+                                                       device="cpu")
+    return built
+
+
+def _inputs(kind: str, m: int = 1, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "linear":
+        return (torch.randn(m, K, generator=g).bfloat16(),)
+    weights, ids = torch.topk(torch.rand(m, E, generator=g), TOP_K, dim=-1)
+    return torch.randn(m, H, generator=g).bfloat16(), weights, ids.to(torch.int32)
+
+
+def _python_calls(fn) -> Counter:
+    """Python functions entered by fn() (qualified names), by sys.setprofile."""
+    seen: Counter = Counter()
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename != __file__:  # not this file's stubs
+            seen[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_qualname}"] += 1
+
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kind", ["linear", "moe"])
+def test_forward_host_path_structure(layers, launches, kind, fmt):
+    layer, args = layers[kind, fmt], _inputs(kind)
+    layer(*args)  # warm: kernels loaded, launch configs and per-config plans cached
+    launches.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(*args)
+    assert len(launches) == LAUNCHES[kind, fmt], [name for name, _, _ in launches]
+    events = prof.events()
+    assert not [e.name for e in events if "humming_gen::" in e.name], "an eager forward dispatched a torch.library op"
+    ops = Counter(e.name for e in events if e.cpu_parent is None and e.name not in CPU_ONLY)
+    budget = (LINEAR_OPS if kind == "linear" else MOE_OPS)[fmt]
+    assert not ops - budget, f"torch ops beyond the budget: {dict(ops - budget)} (all: {dict(ops)})"
+
+    calls = _python_calls(lambda: layer(*args))
+    built = [name for name in calls if any(word in name for word in ("Config.__init__", "compose", "evolve",
+                                                                     "build", "get_target", "choose_tunings"))]
+    assert not built, f"configs or kernels built per call: {built}"
+    total = sum(calls.values())
+    assert total <= PY_CALLS[kind, fmt], f"{total} Python calls per forward: {calls.most_common(15)}"
+
+
+def _named(calls, names: dict[int, str]) -> list:
+    """Launches with pointers of per-call allocations replaced by 'ptr' and known ones by their names."""
+    out = []
+    for name, grid, params in calls:
+        words = struct.unpack(f"<{len(params) // 8}Q", params)
+        out.append((name, grid, [names.get(w, "ptr" if w >= 1 << 40 else w) for w in words]))
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 5, 37])
+def test_direct_path_launches_what_the_op_launches(layers, launches, fmt, m):
+    linear, moe = layers["linear", fmt], layers["moe", fmt]
+    (x,) = _inputs("linear", m)
+    y = linear(x)
+    direct = _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"})
+    launches.clear()
+    y = torch.ops.humming_gen.gemm(x, linear._op_id)
+    assert _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"}) == direct
+    out = torch.empty(m, N).bfloat16()
+    launches.clear()
+    linear(x, out=out)
+    assert _named(launches, {x.data_ptr(): "x", out.data_ptr(): "y"}) == direct
+
+    x, weights, ids = _inputs("moe", m)
+    launches.clear()
+    moe(x, weights, ids)
+    direct = _named(launches, {x.data_ptr(): "x", ids.data_ptr(): "ids"})
+    launches.clear()
+    torch.ops.humming_gen.fused_moe(x, moe._op_id, weights, ids, None)
+    assert _named(launches, {x.data_ptr(): "x", ids.data_ptr(): "ids"}) == direct
+    launches.clear()
+    hg.fused_moe(x, moe, weights, ids, output=torch.empty(m, H).bfloat16())
+    assert _named(launches, {x.data_ptr(): "x", ids.data_ptr(): "ids"}) == direct
+
+
+def test_direct_call_only_for_plain_eager_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+
+    x, results = torch.randn(2, 8), []
+    assert direct_call(x, None)
+    assert not direct_call(x.requires_grad_())
+    assert not direct_call(torch.nn.Parameter(torch.randn(2)))
+    with FakeTensorMode():
+        assert not direct_call(torch.empty(2))
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert not direct_call(torch.randn(2))
+    torch.vmap(lambda t: (results.append(direct_call(t)), t)[1])(torch.randn(3, 2))
+    assert results == [False]
+
+
+def test_tracing_still_sees_the_ops(layers):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    linear = layers["linear", "w4a16-int4-g128"]
+    graph = make_fx(lambda x: linear(x), tracing_mode="symbolic")(*_inputs("linear", 3))
+    assert [n.target for n in graph.graph.nodes if n.op == "call_function"] == [torch.ops.humming_gen.gemm.default]
+    moe = layers["moe", "w4a16-int4-g128"]
+    graph = make_fx(moe, tracing_mode="symbolic")(*_inputs("moe", 3))
+    assert [n.target for n in graph.graph.nodes if n.op == "call_function"] == [
+        torch.ops.humming_gen.fused_moe.default]
