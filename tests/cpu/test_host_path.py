@@ -8,6 +8,7 @@ eager path launches exactly what the op path launches; tracing still sees the op
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from collections import Counter
@@ -80,6 +81,11 @@ def launches(monkeypatch):
         return outputs
 
     monkeypatch.setattr(align, "moe_align_reference", align_cuda_path)
+    # fresh kernel objects and plans: the stand-in LoadedKernels they keep must not reach later (GPU) tests
+    monkeypatch.setattr(api, "build", functools.lru_cache(maxsize=None)(api.build.__wrapped__))
+    monkeypatch.setattr(align, "build", functools.lru_cache(maxsize=None)(align.build.__wrapped__))
+    monkeypatch.setattr(api, "_plans", {})
+    monkeypatch.setattr(align, "_kernels", {})
     return calls
 
 
