@@ -1,13 +1,16 @@
 """Host time of one eager forward call, measured on the CPU (no GPU needed): the layers are built for sm_90a on the
 CPU and only the driver call is stubbed (cuLaunchKernelEx, module load, the current stream), so everything else a
-GPU call does on the host runs: the torch.library op, checks, activation quantization, moe_align's launch path,
-the Launcher's packing and runtime.launch's config lookup and params copy. Torch ops a GPU call would launch run
-here on CPU tensors (tiny at M = 1), so their host cost is roughly that of their CUDA launch.
+GPU call does on the host runs: checks, activation quantization, moe_align's launch path, the Launcher's packing
+and runtime.launch's config lookup and params copy. Torch ops a GPU call would launch run here on CPU tensors (tiny
+at M = 1, but their arithmetic counts: the MoE's gated activation and top-k sum cost some 25 us of the total), so
+their host cost is roughly that of their CUDA launch. moe_align's id range check on CPU tensors (min / max, about
+2 us) is skipped for CUDA tensors.
 
     python bench/host_overhead.py [calls] [--profile]
 
 Prints us per call for QuantLinear 16-bit / 8-bit activations and QuantMoE 16-bit / 8-bit activations at M = 1,
-each through forward (the op) and through the op's eager body directly (the difference: torch.library dispatch).
+each through forward and through the op's eager body (QuantLinear: run_gemm; QuantMoE: run) directly: forward
+takes the direct path in plain eager calls (humming_gen/layer/eager.py), so the two differ by the module call.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def _gemm_body(layer, x):
     """What humming_gen::gemm's eager implementation does, without the op dispatch."""
     from humming_gen.layer import ops
 
-    return ops.gemm._init_fn(x, layer._op_id)
+    return ops.run_gemm(layer, x)
 
 
 def main() -> None:
