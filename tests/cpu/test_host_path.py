@@ -20,6 +20,7 @@ import humming_gen as hg
 import humming_gen.activation.api as api
 import humming_gen.moe.align as align
 import humming_gen.runtime as runtime
+from humming_gen.layer import eager
 from humming_gen.layer.eager import direct_call
 from humming_gen.runtime.module import LoadedKernel
 from humming_gen.targets import get_target
@@ -47,6 +48,12 @@ PY_CALLS = {("linear", "w4a16-int4-g128"): 24, ("linear", "w8a8-fp8-channel"): 3
             ("moe", "w4a16-int4-g128"): 65, ("moe", "w8a8-fp8-channel"): 95}         # today 52, 76
 CPU_ONLY = {"aten::min", "aten::max", "aten::item"}
 FORMATS = ("w4a16-int4-g128", "w8a8-fp8-channel")
+
+
+@pytest.fixture(autouse=True)
+def direct_eager(monkeypatch):
+    """The direct eager path is opt-in (HUMMING_GEN_DIRECT_EAGER=1) until it has run on a GPU; these tests check it."""
+    monkeypatch.setattr(eager, "ENABLED", True)
 
 
 @pytest.fixture
@@ -216,3 +223,8 @@ def test_tracing_still_sees_the_ops(layers):
     graph = make_fx(moe, tracing_mode="symbolic")(*_inputs("moe", 3))
     assert [n.target for n in graph.graph.nodes if n.op == "call_function"] == [
         torch.ops.humming_gen.fused_moe.default]
+
+
+def test_direct_path_is_off_unless_enabled(monkeypatch):
+    monkeypatch.setattr(eager, "ENABLED", False)
+    assert not direct_call(torch.randn(2))
