@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install the project, run the GPU tests, the sanitizers on a sample, and the benchmark.
 # Usage (on a GPU machine, from the repository root): scripts/gpu_check.sh [pytest -k expression]
+# Switches (1 = on): HG_SANITIZE, HG_SMOKE (bench command, examples, MoE timing, eager gap), HG_A8_BENCH, HG_BENCH.
+# The whole of it takes more than one 600 s call: e.g. HG_SANITIZE=0 HG_BENCH=0 HG_A8_BENCH=0 first, then the rest
+# with an empty -k expression that selects nothing ("-k nothing_at_all").
 # Full results land in $OUT (default ./out); the short benchmark table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -21,6 +24,10 @@ if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_sample.py \
       > "$OUT/sanitize-$tool.log" 2>&1
     echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize sample' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
+    # the MoE / 8-bit sample: ragged routing on both pipelines, 8-bit split-K, MXFP8 scales
+    compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_moe.py \
+      > "$OUT/sanitize-moe-$tool.log" 2>&1
+    echo "compute-sanitizer $tool (moe): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize moe' "$OUT/sanitize-moe-$tool.log" | tr '\n' ' ')"
   done
 fi
 if [ "${HG_SMOKE:-1}" = 1 ]; then  # the benchmark command, the example and the MoE timing, briefly
@@ -28,6 +35,17 @@ if [ "${HG_SMOKE:-1}" = 1 ]; then  # the benchmark command, the example and the 
     > "$OUT/cli-bench.log" 2>&1; echo "humming-gen bench: rc=$? ($(tail -n 1 "$OUT/cli-bench.log"))"
   python3 examples/quantize_model.py > "$OUT/example.log" 2>&1; echo "examples/quantize_model.py: rc=$?"
   (cd bench && python3 moe_timing.py 2>&1 | grep -v compil | tee "$OUT/moe-timing.log")
+  python3 examples/moe.py > "$OUT/example-moe.log" 2>&1; echo "examples/moe.py: rc=$? ($(tail -n 1 "$OUT/example-moe.log"))"
+  # eager against graph time at M = 1 (issue 10's 8 us bound), with the op dispatch and with the opt-in direct path
+  python3 bench/eager_gap.py 2>&1 | grep "^|" | tee "$OUT/eager-gap.log"
+  HUMMING_GEN_DIRECT_EAGER=1 python3 bench/eager_gap.py 2>&1 | grep "^|" | tee "$OUT/eager-gap-direct.log"
+  HUMMING_GEN_DIRECT_EAGER=1 python3 -m pytest tests/gpu/test_ops_and_strides.py tests/gpu/test_quant_moe.py -q \
+    -p no:cacheprovider $XDIST 2>&1 | tail -n 3 | sed 's/^/direct eager path: /'
+fi
+if [ "${HG_A8_BENCH:-1}" = 1 ]; then  # issue 10's tables: 8-bit activations at 8192^2 and the group-32 case
+  python3 -m humming_gen.cli bench --formats w8a8-fp8-channel,w4a8-mxfp4-fp8,w8a8-fp8-block128,w8a8-int8-channel \
+    --shapes 8192x8192 --m 1,16,64,256,1024,4096,8192 --no-plot --no-humming --out "$OUT/a8" 2>&1 | grep "^|"
+  (cd bench && python3 group32_case.py 2>&1 | grep "^|")
 fi
 if [ "${HG_BENCH:-1}" = 1 ]; then
   python3 bench/bench_pipelines.py --out "$OUT" --shapes ${HG_BENCH_ARGS:-} 2>&1 | grep -v "compil" | tee "$OUT/bench.log" | tail -n 120
