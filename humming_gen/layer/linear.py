@@ -75,7 +75,8 @@ class QuantLinear(torch.nn.Module):
         self.compute_dtype: str = choice.compute_dtype
         self.fallback_reasons = choice.reasons
         own_activation = choice.scheme.activation == qweight.scheme.activation
-        qweight = attrs.evolve(qweight, scheme=choice.scheme)
+        if not own_activation:
+            qweight = attrs.evolve(qweight, scheme=choice.scheme)
         self.scheme: QuantScheme = qweight.scheme
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
                                         dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])

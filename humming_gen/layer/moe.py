@@ -85,8 +85,9 @@ class QuantMoE(torch.nn.Module):
     tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
-    kernels cannot serve it (fp8 needs sm_89+) construction is refused, as for QuantLinear, and weight_only=True
-    runs the weights with 16-bit activations instead."""
+    kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
+    QuantLinear (`compute_dtypes`; strict=True refuses), and weight_only=True runs the weights with 16-bit
+    activations."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,

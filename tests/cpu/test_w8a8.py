@@ -258,3 +258,21 @@ def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
         assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
     else:
         assert ".f32.e4m3.e5m2.f32" in src and "* scale * a_scale[m]" in src
+
+
+def test_uint8_operands_stay_on_the_standard_pipeline() -> None:
+    """wgmma k32 takes int8 x int8 / fp8 x fp8 only: u8 weights with int8 activations run mma.sync everywhere."""
+    u8 = hg.QuantScheme("uint8", granularity="channel", scale_dtype="float32",
+                        activation=hg.ActivationScheme("int8", granularity="token"))
+    layer = LayerConfig(1024, 2048, u8)
+    assert any("int8 x int8 or fp8 x fp8" in r
+               for r in WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a")))
+    assert all(t.pipeline == "standard" for _, t in choose_tunings(layer, get_target("sm_90a"), stored=False).buckets)
+
+
+def test_int8_partial_sums_are_promoted_per_stage_past_64k() -> None:
+    """s32 partial sums of int8 x int8 could overflow past ~2^17 k: long K promotes them every stage."""
+    short = _source("w8a8-int8-channel", m=1000, n=256, k=1 << 16)
+    long = _source("w8a8-int8-channel", m=1000, n=256, k=(1 << 16) + 256)
+    assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in short and "long_k" not in short
+    assert "acc[0][j][i] += static_cast<float>(part[j][i]);" in long and "long_k=True" in long

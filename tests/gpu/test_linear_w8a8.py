@@ -172,3 +172,18 @@ def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:
     weight_only = attrs.evolve(qw, scheme=attrs.evolve(qw.scheme, activation=None))
     for m in (1, 300):
         _check(layer, weight_only, None, torch.bfloat16, m, "w4a4-nvfp4 fallback")
+
+
+@pytest.mark.parametrize("scheme,n,k", [("w4a8-mxfp4-fp8", 4000, 3000), ("w4a8-int4-g128-int8", 4000, 3000),
+                                        ("w8a8-mxfp8", 1000, 3008), (MXFP4_FP8_G32, 576, 3008)],
+                         ids=["mxfp4-fp8-k3000", "int4-g128-int8-k3000", "mxfp8-k3008", "mxfp4-fp8g32-k3008"])
+def test_group_scales_with_a_partial_last_k_tile(scheme, n: int, k: int) -> None:
+    """K not a multiple of the 128-k stage: the last stage's group indices (weights: padded groups; activations:
+    clamped to the last group) on the warp-specialized kernels, M = 40 (split-K) and 700."""
+    torch.manual_seed(k)
+    scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
+    qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    assert_pipelines(layer)
+    for m in (40, 700):
+        _check(layer, qw, None, torch.bfloat16, m, f"{scheme.weight.name} k={k}")

@@ -54,13 +54,15 @@ def test_expert_counts_and_top_k_equal_to_e(e: int, top_k: int, m: int) -> None:
 
 
 @pytest.mark.parametrize("m", [7, 4096])
-def test_every_token_to_one_expert(m: int) -> None:
-    """One expert takes all rows (the others are empty): its m blocks run back to back, the rest skip."""
+@pytest.mark.parametrize("experts", [(5,), (5, 11)], ids=["one-expert", "the-same-two-experts"])
+def test_every_token_to_the_same_experts(m: int, experts: tuple[int, ...]) -> None:
+    """All rows go to one expert (top-1) or the same two (top-2); the others are empty: the busy experts' m blocks
+    run back to back (the warp-specialized buckets at M = 4096), the rest are skipped."""
     moe, q13, q2 = _layer(16, 256, 256, scheme="w4a16-mxfp4", seed=3)
     x = torch.randn(m, 256, device="cuda").bfloat16()
-    ids = torch.stack([torch.full((m,), 5), torch.full((m,), 11)], dim=1).to(torch.int32).cuda()
-    weights = torch.softmax(torch.randn(m, 2, device="cuda"), -1)
-    _check(moe, q13, q2, x, weights, ids, f"one expert, M={m}")
+    ids = torch.stack([torch.full((m,), e) for e in experts], dim=1).to(torch.int32).cuda()
+    weights = torch.softmax(torch.randn(m, len(experts), device="cuda"), -1)
+    _check(moe, q13, q2, x, weights, ids, f"experts {experts}, M={m}")
 
 
 def test_over_64k_tokens_top_8_and_determinism() -> None:

@@ -39,7 +39,7 @@ class WarpSpecialized:
     def supports(layer: LayerConfig, compute: ComputeConfig, target: Target) -> list[str]:
         if layer.scheme.activation is not None:
             return (common_reasons(layer, compute, target, quantized_activations=True)
-                    + _standard_a8.scheme_reasons(layer)
+                    + _standard_a8.scheme_reasons(layer) + _compose_a8.operand_reasons(layer)
                     + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS) + _compose.layout_reasons(layer)
                 + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))

@@ -129,12 +129,13 @@ class WarpSpecializedA8Pipeline(Component):
     banded: bool = option_field()  # the schedule walks bands of m tiles (unit_coord takes m)
     activation_e8m0: bool = option_field()  # activation group scales stored as e8m0 bytes (MX), else fp32
     split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
+    long_k: bool = option_field()  # int8 with K past 2^16: s32 partial sums promoted every stage (overflow)
 
     @property
     def promote_in_loop(self) -> bool:
         """fp8 partial sums are promoted every kPromoteK (wgmma's fp8 accumulation is not full fp32); s32 ones only
-        where group scales change along K."""
-        return not self.integer or self.weight_groups or self.activation_groups
+        where group scales change along K, or K is long enough to overflow them."""
+        return not self.integer or self.weight_groups or self.activation_groups or self.long_k
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]

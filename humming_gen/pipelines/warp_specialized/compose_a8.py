@@ -22,7 +22,7 @@ from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import GroupScalesGlobal
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
-from humming_gen.components.mma.wgmma import WGMMA_N, WgmmaRS8
+from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
@@ -86,7 +86,24 @@ def promote_k(layer: LayerConfig, block_k: int) -> int:
     """k between promotions of the partial sums: the stage (fp8: at most PROMOTE_K_FP8), or a scale group."""
     groups = [g for g in (standard_a8.weight_group_k(layer), standard_a8.activation_group_k(layer)) if g is not None]
     k = math.gcd(block_k, *groups) if groups else block_k
-    return k if layer.scheme.activation.dtype.name == "int8" else math.gcd(k, PROMOTE_K_FP8)
+    return k if layer.scheme.activation.dtype.name == "int8" and exact_k(layer) else math.gcd(k, PROMOTE_K_FP8)
+
+
+def operand_reasons(layer: LayerConfig) -> list[str]:
+    """wgmma k32 multiplies int8 x int8 or fp8 x fp8 (u8 forms are not generated): what else stays standard."""
+    if standard_a8.scheme_reasons(layer):
+        return []  # the standard pipeline's reasons say it already
+    w, a = standard_a8.weight_operand(layer), layer.scheme.activation.dtype.name
+    if w in WGMMA_8BIT_TYPE and a in WGMMA_8BIT_TYPE and w.startswith("int") == a.startswith("int"):
+        return []
+    return [f"{w} weights x {a} activations: the warp-specialized 8-bit kernels multiply int8 x int8 or fp8 x fp8 "
+            f"(the standard pipeline serves this)"]
+
+
+def exact_k(layer: LayerConfig) -> bool:
+    """s32 partial sums of int8 x int8 stay exact over the whole of K (|code product| <= 2^14, so up to 2^16 k with
+    a margin; beyond, they are promoted every stage)."""
+    return layer.k <= 1 << 16
 
 
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
@@ -123,7 +140,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
     reasons = (common_reasons(layer, compute, target, quantized_activations=True) + standard_a8.scheme_reasons(layer)
-               + tuning_reasons(t))
+               + operand_reasons(layer) + tuning_reasons(t))
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -158,7 +175,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
-                                         split_k=t.split_k > 1)
+                                         split_k=t.split_k > 1, long_k=integer and not exact_k(layer))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)

@@ -2,7 +2,8 @@
 
 Every bucket reads the shared weight layout (so a layer keeps one packed weight), uses two consumer warpgroups
 and 256-row tiles; buckets differ in the token tile (16 to 128, 176 for the open-ended one), split-K and stages.
-humming_gen.heuristics.choose decides from which bucket on the layer takes them.
+With 8-bit activations (tuning_for_a8) tiles are 128 rows and up to 192 tokens; MoE GEMMs have their own buckets
+(choose_moe_tunings). humming_gen.heuristics.choose decides from which bucket on the layer takes them.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
     return TuningPlan(tuple((m_max, moe_tuning_for(layer, target, block_m)) for m_max, block_m in MOE_BUCKETS))
 
 
-# 8-bit activations (compose_a8): 128-row tiles, no split-K, so the buckets start where the tiles fill the SMs;
-# a 64-token tile where 128-token tiles would leave a quarter of them idle.
+# 8-bit activations (compose_a8): 128-row tiles; buckets from M = 17 (humming_gen.heuristics.choose), token tiles of
+# the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle), split-K to one wave.
 A8_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
 
