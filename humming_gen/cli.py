@@ -231,16 +231,52 @@ def preset_status(name: str, target_name: str = DEFAULT_TARGET) -> str | None:
     return None
 
 
+def preset_fallback(name: str, target_name: str) -> str | None:
+    """The compute type QuantLinear falls back to for preset `name` on the target (humming_gen.layer.compute_type)
+    when the scheme's own activations have no kernel there; None when nothing runs or no fallback is needed."""
+    import attrs
+
+    from humming_gen.layer.compute_type import eight_bit_fallback
+    from humming_gen.schemes.presets import preset
+
+    scheme = preset(name)
+    if scheme.activation is None:
+        return None
+    wider = eight_bit_fallback(scheme.activation)
+    if wider is not None and _scheme_composes(attrs.evolve(scheme, activation=wider), target_name):
+        return wider.dtype.name
+    if _scheme_composes(attrs.evolve(scheme, activation=None), target_name):
+        return "bfloat16"
+    return None
+
+
+def _scheme_composes(scheme, target_name: str) -> bool:
+    from humming_gen.codegen import compose
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.targets import get_target
+
+    target = get_target(target_name)
+    layer = LayerConfig(n=4096, k=4096, scheme=scheme)
+    try:
+        compose(layer, ComputeConfig(), choose_tunings(layer, target).for_m(1), target)
+    except ValueError:
+        return False
+    return True
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from humming_gen.schemes.presets import list_presets, preset
 
-    print(f"kernels on {args.target}: 'yes' = generated today; 'no' = the scheme converts and quantizes, but its "
-          f"kernel is not generated yet")
+    print(f"kernels on {args.target}: 'yes' = generated today; 'as X' = the scheme's activations have no kernel "
+          f"there, QuantLinear runs X activations with the weights unchanged (strict=True refuses); 'no' = the "
+          f"scheme converts and quantizes, but its kernel is not generated yet")
     for name in list_presets():
         reason = preset_status(name, args.target)
-        status = "yes" if reason is None else "no "
-        line = f"{name:22s} {status}  {preset(name).summary()}"
-        print(line if reason is None else f"{line}\n{'':27s}({reason})")
+        fallback = None if reason is None else preset_fallback(name, args.target)
+        status = "yes" if reason is None else f"as {fallback}" if fallback else "no "
+        line = f"{name:22s} {status:11s}  {preset(name).summary()}"
+        print(line if reason is None else f"{line}\n{'':36s}({reason})")
     return 0
 
 

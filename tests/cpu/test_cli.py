@@ -76,7 +76,7 @@ def test_presets_say_which_cannot_be_generated(capsys):
     assert rc == 0
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("w")}
     assert " yes " in lines["w4a16-int4-g128"]
-    assert " yes " in lines["w8a8-fp8-channel"] and " no " in lines["w4a4-nvfp4"]
+    assert " yes " in lines["w8a8-fp8-channel"] and " as bfloat16 " in lines["w4a4-nvfp4"]
     assert "quantized activations" in out
 
 

@@ -345,7 +345,7 @@ def test_presets_command_lists_w4a8(capsys) -> None:
     assert main(["presets", "--target", "sm_80"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("w")}
-    assert " no " in lines["w4a8-mxfp4-fp8"] and " yes " in lines[W4A8_INT_G128] and "mma_fp8" in out
+    assert " as bfloat16 " in lines["w4a8-mxfp4-fp8"] and " yes " in lines[W4A8_INT_G128] and "mma_fp8" in out
 
 
 def test_shared_memory_holds_half_a_byte_per_weight() -> None:
