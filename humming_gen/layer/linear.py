@@ -119,8 +119,11 @@ class QuantLinear(torch.nn.Module):
         """What keeps kernels on this target from serving `scheme` (with its quantized activations) for qweight."""
         from humming_gen.pipelines.standard import STANDARD
 
-        layer = LayerConfig(n=qweight.n, k=qweight.k, scheme=scheme, has_bias=has_bias, dtype=_DTYPE_NAME[self.dtype],
-                            out_dtype=_OUT_NAME[out_dtype])
+        try:  # a layer the scheme's activation groups do not tile (K % group) has no kernel: a reason, not an error
+            layer = LayerConfig(n=qweight.n, k=qweight.k, scheme=scheme, has_bias=has_bias,
+                                dtype=_DTYPE_NAME[self.dtype], out_dtype=_OUT_NAME[out_dtype])
+        except ValueError as e:
+            return [str(e)]
         reasons = STANDARD.supports(layer, self.compute_config, self.target)
         if qweight.k_perm is not None:
             reasons.append("act-order weights (k_perm) with quantized activations: the codes would need a gather")

@@ -193,7 +193,10 @@ class QuantMoE(torch.nn.Module):
     def _activation_reasons(self, q: QuantizedWeight, scheme: "QuantScheme", compute: ComputeConfig) -> list[str]:
         from humming_gen.pipelines.standard import STANDARD
 
-        layer = LayerConfig(n=q.n, k=q.k, scheme=scheme, num_experts=q.shape[0], dtype=_DTYPE_NAME[self.dtype])
+        try:  # a layer the scheme's activation groups do not tile (K % group) has no kernel: a reason, not an error
+            layer = LayerConfig(n=q.n, k=q.k, scheme=scheme, num_experts=q.shape[0], dtype=_DTYPE_NAME[self.dtype])
+        except ValueError as e:
+            return [str(e)]
         return STANDARD.supports(layer, compute, self.target)
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,

@@ -115,7 +115,9 @@ def test_deepseek_fp8_block_moe_matches_definition(tmp_path):
     assert only.q13.scheme.activation is None and only.q2.scheme.activation is None
     assert torch.equal(only.q13.dequantize(torch.float64), expected13)
     with pytest.raises(ValueError, match="k=320 is not a multiple of the activation scheme's group_size=128"):
-        hg.QuantMoE.from_quantized(w.q13, w.q2, target="sm_90a", device="cpu")
+        hg.QuantMoE.from_quantized(w.q13, w.q2, target="sm_90a", device="cpu", strict=True)
+    fallback = hg.QuantMoE.from_quantized(w.q13, w.q2, target="sm_90a", device="cpu")  # no 1 x 128 tiling of K
+    assert fallback.compute_dtypes == ("bfloat16", "float8e4m3")  # w2's K = 256 keeps its fp8 activations
     moe = w.to_layer(target="sm_90a", device="cpu")
     assert (moe.num_experts, moe.hidden, moe.intermediate, moe.activation) == (E, hidden, inter, "silu_mul")
 

@@ -276,3 +276,13 @@ def test_int8_partial_sums_are_promoted_per_stage_past_64k() -> None:
     long = _source("w8a8-int8-channel", m=1000, n=256, k=(1 << 16) + 256)
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in short and "long_k" not in short
     assert "acc[0][j][i] += static_cast<float>(part[j][i]);" in long and "long_k=True" in long
+
+
+def test_activation_groups_that_do_not_tile_k_fall_back() -> None:
+    """1 x 128 activation groups need K % 128 == 0: K = 320 runs the weights with 16-bit activations (strict
+    refuses naming the group size) instead of failing in LayerConfig."""
+    w = torch.randn(256, 320)
+    layer = hg.QuantLinear.from_float(w, "w8a8-fp8-block128", target="sm_90a", device="cpu")
+    assert layer.compute_dtype == "bfloat16" and "group_size=128" in layer.fallback_reasons[0]
+    with pytest.raises(ValueError, match="group_size=128"):
+        hg.QuantLinear.from_float(w, "w8a8-fp8-block128", target="sm_90a", device="cpu", strict=True)
