@@ -104,7 +104,8 @@ class WarpSpecializedPipeline(Component):
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
-                "grouped": False}
+                "grouped": False, "banded": False, "a_type": "u16",
+                "a_origin": "activations may come from the previous kernel"}
 
 
 @attrs.frozen
@@ -162,4 +163,7 @@ class WarpSpecializedA8Pipeline(Component):
                    + (" * a_scale[i % 2]" if self.activation_groups else ""))
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
-                "group_scales": self.weight_groups or self.activation_groups}
+                "group_scales": self.weight_groups or self.activation_groups,
+                # the shared ring / producer / entry partials (ring_producer, kernel_entry)
+                "moe": False, "consumer_warpgroups": 2, "a_type": "unsigned char",
+                "a_origin": "activation codes and scales come from the previous kernel"}
