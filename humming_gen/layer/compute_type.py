@@ -11,11 +11,15 @@ strict=True refuses instead, naming what is missing.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 
 from humming_gen.schemes import ActivationScheme, QuantScheme
+
+if TYPE_CHECKING:
+    from humming_gen.config import ComputeConfig
+    from humming_gen.targets import Target
 
 logger = logging.getLogger("humming_gen")
 _LOGGED: set[tuple[str, str, str]] = set()
@@ -26,6 +30,20 @@ class ComputeChoice:
     scheme: QuantScheme     # the scheme the kernels run: the weights' own, with the activation it will quantize
     compute_dtype: str      # activation type the MMA multiplies: e.g. "float8e4m3", "int8", "bfloat16"
     reasons: tuple[str, ...]  # why the scheme's own activation type does not run here (empty when it does)
+
+
+def kernel_reasons(n: int, k: int, scheme: QuantScheme, compute: "ComputeConfig", target: "Target",
+                   **layer: object) -> list[str]:
+    """What keeps the standard pipeline's kernels from serving `scheme` for an (N, K) GEMM on `target` (the pipeline
+    of every target; empty: served). A scheme whose activation groups do not tile K has no kernel: a reason too."""
+    from humming_gen.config import LayerConfig
+    from humming_gen.pipelines.standard import STANDARD
+
+    try:
+        config = LayerConfig(n=n, k=k, scheme=scheme, **layer)
+    except ValueError as e:
+        return [str(e)]
+    return STANDARD.supports(config, compute, target)
 
 
 def eight_bit_fallback(act: ActivationScheme) -> ActivationScheme | None:

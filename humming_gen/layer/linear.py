@@ -8,7 +8,7 @@ import attrs
 
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
-from humming_gen.layer.compute_type import resolve
+from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
 from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device
@@ -117,14 +117,8 @@ class QuantLinear(torch.nn.Module):
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
                                       out_dtype: torch.dtype) -> list[str]:
         """What keeps kernels on this target from serving `scheme` (with its quantized activations) for qweight."""
-        from humming_gen.pipelines.standard import STANDARD
-
-        try:  # a layer the scheme's activation groups do not tile (K % group) has no kernel: a reason, not an error
-            layer = LayerConfig(n=qweight.n, k=qweight.k, scheme=scheme, has_bias=has_bias,
-                                dtype=_DTYPE_NAME[self.dtype], out_dtype=_OUT_NAME[out_dtype])
-        except ValueError as e:
-            return [str(e)]
-        reasons = STANDARD.supports(layer, self.compute_config, self.target)
+        reasons = kernel_reasons(qweight.n, qweight.k, scheme, self.compute_config, self.target, has_bias=has_bias,
+                                 dtype=_DTYPE_NAME[self.dtype], out_dtype=_OUT_NAME[out_dtype])
         if qweight.k_perm is not None:
             reasons.append("act-order weights (k_perm) with quantized activations: the codes would need a gather")
         return reasons

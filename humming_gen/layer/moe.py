@@ -17,7 +17,7 @@ import torch
 
 import humming_gen.layer.moe_ops  # noqa: F401  (registers the humming_gen::fused_moe / moe_gemm ops)
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.layer.compute_type import resolve
+from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
@@ -128,7 +128,9 @@ class QuantMoE(torch.nn.Module):
         # where the target's kernels cannot serve a scheme's quantized activations: the next supported compute type,
         # logged once (humming_gen.layer.compute_type); strict=True refuses
         choices = [resolve(q.scheme, _DTYPE_NAME[dtype], self.target.name,
-                           lambda s, q=q, c=c: self._activation_reasons(q, s, c), strict=strict, weight_only=False,
+                           lambda s, q=q, c=c: kernel_reasons(q.n, q.k, s, c, self.target, num_experts=q.shape[0],
+                                                              dtype=_DTYPE_NAME[dtype]),
+                           strict=strict, weight_only=False,
                            who=f"QuantMoE {name}")
                    for name, q, c in (("q13", q13, ComputeConfig(gemm="indexed")),
                                       ("q2", q2, ComputeConfig(gemm="indexed", topk_weight=True)))]
@@ -189,15 +191,6 @@ class QuantMoE(torch.nn.Module):
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
-
-    def _activation_reasons(self, q: QuantizedWeight, scheme: "QuantScheme", compute: ComputeConfig) -> list[str]:
-        from humming_gen.pipelines.standard import STANDARD
-
-        try:  # a layer the scheme's activation groups do not tile (K % group) has no kernel: a reason, not an error
-            layer = LayerConfig(n=q.n, k=q.k, scheme=scheme, num_experts=q.shape[0], dtype=_DTYPE_NAME[self.dtype])
-        except ValueError as e:
-            return [str(e)]
-        return STANDARD.supports(layer, compute, self.target)
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
                                      compute: ComputeConfig) -> torch.Tensor | None:
