@@ -9,8 +9,34 @@ import attrs
 from humming_gen.components.base import Component, option_field
 
 
+class _ActivationTile:
+    """What both activation tiles (16-bit elements, 8-bit codes) define and read: one swizzled layout of 16-byte
+    chunks, ldmatrix fragments, and for MoE the rows gathered through the routing."""
+
+    block_k: int
+    warp_m_tiles: int
+    gather: bool
+    element_bytes: ClassVar[int]
+
+    @property
+    def provides(self) -> frozenset[str]:
+        gather = {"kAChunksPerThread", "gather_rows"} if self.gather else set()
+        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk", "load_a_stage",
+                          "load_a_fragments"} | gather)
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set())
+                         | ({"Params"} if self.gather else set()))
+
+    def extra_context(self) -> dict:
+        chunk_elements = 16 // self.element_bytes
+        return {"swizzle_mask": min(8, self.block_k // chunk_elements) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}
+
+
 @attrs.frozen
-class ATileCpAsync(Component):
+class ATileCpAsync(_ActivationTile, Component):
     """Activation tile, XOR-swizzled in shared memory, read back with ldmatrix."""
 
     template: ClassVar[str] = "pipelines/standard/a_tile_cp_async.cuh.j2"
@@ -21,21 +47,7 @@ class ATileCpAsync(Component):
     block_k: int
     warp_m_tiles: int
     gather: bool = option_field()  # MoE: rows gathered through the routing's sorted assignments
-
-    @property
-    def provides(self) -> frozenset[str]:  # type: ignore[override]
-        gather = {"kAChunksPerThread", "gather_rows"} if self.gather else set()
-        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk", "load_a_stage",
-                          "load_a_fragments"} | gather)
-
-    @property
-    def needs(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
-                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set())
-                         | ({"Params"} if self.gather else set()))
-
-    def extra_context(self) -> dict:
-        return {"swizzle_mask": min(8, self.block_k // 8) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}
+    element_bytes: ClassVar[int] = 2
 
 
 @attrs.frozen
@@ -70,7 +82,7 @@ class GroupParamsCpAsync(Component):
 
 
 @attrs.frozen
-class ATile8CpAsync(Component):
+class ATile8CpAsync(_ActivationTile, Component):
     """8-bit activation codes, swizzled like ATileCpAsync; ldmatrix of byte pairs gives the m16n8k32 B operand.
     Byte-granular zero fill at K, since the quantize kernel leaves a row's padding unspecified."""
 
@@ -81,18 +93,4 @@ class ATile8CpAsync(Component):
     block_k: int
     warp_m_tiles: int
     gather: bool = option_field()  # MoE: rows gathered through the routing's sorted assignments (as ATileCpAsync)
-
-    @property
-    def provides(self) -> frozenset[str]:  # type: ignore[override]
-        gather = {"kAChunksPerThread", "gather_rows"} if self.gather else set()
-        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk", "load_a_stage",
-                          "load_a_fragments"} | gather)
-
-    @property
-    def needs(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"cp_async_16", "smem_address"} | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
-                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set())
-                         | ({"Params"} if self.gather else set()))
-
-    def extra_context(self) -> dict:
-        return {"swizzle_mask": min(8, self.block_k // 16) - 1, "odd_m_tiles": self.warp_m_tiles % 2 == 1}
+    element_bytes: ClassVar[int] = 1
