@@ -112,24 +112,13 @@ def layout_reasons(layer: LayerConfig) -> list[str]:
     return reasons
 
 
-def tuning_reasons(tuning: TuningConfig) -> list[str]:
+def ring_reasons(tuning: TuningConfig) -> list[str]:
+    """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
+    cp.asyncs activations and bulk-copies the rest, one CTA per SM, no clusters, split-K rather than stream-K."""
     t = tuning
     reasons = []
     if t.mma != "wgmma":
         reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
-    if t.block_n != BLOCK_N:
-        reasons.append(f"tuning.block_n={t.block_n}: the warp-specialized tile has {BLOCK_N} weight rows (four 64-row "
-                       f"slices of the weight layout)")
-    if t.warps_n not in (4, 8) or t.warps_m != 1 or t.warps_k != 1:
-        reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: one or two consumer warpgroups, "
-                       f"warps 1x4x1 or 1x8x1")
-    elif t.block_m > max_block_m(consumer_warpgroups(t)):
-        reasons.append(f"tuning.block_m={t.block_m}: at most {max_block_m(consumer_warpgroups(t))} tokens per tile "
-                       f"with {consumer_warpgroups(t)} consumer warpgroup(s) (their m64 wgmma accumulators must fit "
-                       f"{ACC_REGISTERS} registers of a consumer thread)")
-    if t.block_k not in (64, 128):
-        reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
-                       f"producer's activation rows keep their swizzle up to 16 chunks per row)")
     if t.a_load != "cp_async":
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
@@ -143,6 +132,25 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
     if t.ctas_per_sm != 1:
         reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM (its warpgroups share the register file)")
+    return reasons
+
+
+def tuning_reasons(tuning: TuningConfig) -> list[str]:
+    t = tuning
+    reasons = ring_reasons(t)
+    if t.block_n != BLOCK_N:
+        reasons.append(f"tuning.block_n={t.block_n}: the warp-specialized tile has {BLOCK_N} weight rows (four 64-row "
+                       f"slices of the weight layout)")
+    if t.warps_n not in (4, 8) or t.warps_m != 1 or t.warps_k != 1:
+        reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: one or two consumer warpgroups, "
+                       f"warps 1x4x1 or 1x8x1")
+    elif t.block_m > max_block_m(consumer_warpgroups(t)):
+        reasons.append(f"tuning.block_m={t.block_m}: at most {max_block_m(consumer_warpgroups(t))} tokens per tile "
+                       f"with {consumer_warpgroups(t)} consumer warpgroup(s) (their m64 wgmma accumulators must fit "
+                       f"{ACC_REGISTERS} registers of a consumer thread)")
+    if t.block_k not in (64, 128):
+        reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
+                       f"producer's activation rows keep their swizzle up to 16 chunks per row)")
     return reasons
 
 

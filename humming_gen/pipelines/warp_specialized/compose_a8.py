@@ -33,6 +33,7 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
                                           missing_features, missing_symbols, padded_k, split_k_constants,
                                           split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
+from humming_gen.pipelines.warp_specialized.compose import ring_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedA8Pipeline,
                                                                WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
@@ -108,9 +109,7 @@ def exact_k(layer: LayerConfig) -> bool:
 
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
     t = tuning
-    reasons = []
-    if t.mma != "wgmma":
-        reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
+    reasons = ring_reasons(t)
     if t.block_n != BLOCK_N:
         reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block")
     if (t.warps_m, t.warps_n, t.warps_k) != (1, 4 * WARPGROUPS, 1):
@@ -120,18 +119,10 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
                        f"and partial sums of the wgmma N dimension share a consumer thread's registers)")
     if t.block_k not in (128, 256):
         reasons.append(f"tuning.block_k={t.block_k}: 128 or 256 (one or two 128-byte swizzle panels of 8-bit codes)")
-    if t.a_load != "cp_async" or t.b_load != "tma" or t.scale_load != "tma":
-        reasons.append("the producer loads activations with 'cp_async' and bulk-copies weights ('tma')")
-    if t.cluster_m * t.cluster_n != 1:
-        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: no clusters with 8-bit activations; allowed: 1x1")
     if t.raster not in ("n_major", "m_band"):
         reasons.append(f"tuning.raster={t.raster!r}: the persistent grid walks 'n_major' or 'm_band'")
-    if t.stream_k:
-        reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
     if t.split_k > 1 and t.raster == "m_band":
         reasons.append(f"tuning.split_k={t.split_k} with raster='m_band': bands are walked without split-K")
-    if t.ctas_per_sm != 1:
-        reasons.append(f"tuning.ctas_per_sm={t.ctas_per_sm}: one CTA per SM")
     return reasons
 
 
