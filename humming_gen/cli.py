@@ -234,20 +234,17 @@ def preset_status(name: str, target_name: str = DEFAULT_TARGET) -> str | None:
 def preset_fallback(name: str, target_name: str) -> str | None:
     """The compute type QuantLinear falls back to for preset `name` on the target (humming_gen.layer.compute_type)
     when the scheme's own activations have no kernel there; None when nothing runs or no fallback is needed."""
-    import attrs
-
-    from humming_gen.layer.compute_type import eight_bit_fallback
+    from humming_gen.layer.compute_type import resolve
     from humming_gen.schemes.presets import preset
 
     scheme = preset(name)
     if scheme.activation is None:
         return None
-    wider = eight_bit_fallback(scheme.activation)
-    if wider is not None and _scheme_composes(attrs.evolve(scheme, activation=wider), target_name):
-        return wider.dtype.name
-    if _scheme_composes(attrs.evolve(scheme, activation=None), target_name):
-        return "bfloat16"
-    return None
+    choice = resolve(scheme, "bfloat16", target_name, lambda s: [] if _scheme_composes(s, target_name) else ["-"],
+                     strict=False, weight_only=False, who="presets", log=False)
+    if not choice.reasons or not _scheme_composes(choice.scheme, target_name):
+        return None
+    return choice.compute_dtype
 
 
 def _scheme_composes(scheme, target_name: str) -> bool:

@@ -54,8 +54,9 @@ def eight_bit_fallback(act: ActivationScheme) -> ActivationScheme | None:
 
 
 def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for: Callable[[QuantScheme], list[str]],
-            *, strict: bool, weight_only: bool, who: str) -> ComputeChoice:
-    """The scheme to run. `reasons_for(s)` lists what keeps kernels from serving s on the target (empty: served)."""
+            *, strict: bool, weight_only: bool, who: str, log: bool = True) -> ComputeChoice:
+    """The scheme to run. `reasons_for(s)` lists what keeps kernels from serving s on the target (empty: served).
+    When even 16-bit activations have reasons, the choice is 16-bit with them (the caller's compose names them)."""
     act = scheme.activation
     if act is None:
         return ComputeChoice(scheme, dtype_name, ())
@@ -79,7 +80,7 @@ def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for:
     if choice is None:
         choice = ComputeChoice(attrs.evolve(scheme, activation=None), dtype_name, reasons)
     key = (repr(scheme), target_name, choice.compute_dtype)
-    if key not in _LOGGED:
+    if log and key not in _LOGGED:
         _LOGGED.add(key)
         logger.warning("%s: %s activations of this scheme do not run on %s (%s); running %s activations with the "
                        "weights unchanged (strict=True refuses instead)", who, act.dtype.name, target_name,
