@@ -14,7 +14,7 @@ from bench_dense import graph_time_us
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized import compose_a8
+from humming_gen.pipelines.warp_specialized.heuristics import deepest
 from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
@@ -34,8 +34,8 @@ for name in presets:
         for v in VARIANTS:
             t = attrs.evolve(base, **v)
             if v:  # as many stages as shared memory holds
-                t = attrs.evolve(t, stages=max(s for s in range(2, 9) if compose_a8.shared_memory(
-                    LayerConfig(n=n, k=k, scheme=scheme), attrs.evolve(t, stages=s)).fits(target)))
+                fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
+                t = deepest(LayerConfig(n=n, k=k, scheme=scheme), target, fields)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:

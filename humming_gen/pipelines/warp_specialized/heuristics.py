@@ -68,14 +68,15 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=4 * warpgroups, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma",
                   split_k=split)
-    return _deepest(layer, target, fields)
+    return deepest(layer, target, fields)
 
 
-def _deepest(layer: LayerConfig, target: Target, fields: dict) -> TuningConfig:
-    """The tuning with as many stages as shared memory holds (at least 2)."""
+def deepest(layer: LayerConfig, target: Target, fields: dict) -> TuningConfig:
+    """The tuning with as many stages as shared memory holds (at least 2), by the ring of the layer's activations."""
+    plan = compose_a8.shared_memory if layer.scheme.activation is not None else shared_memory
     stages = 2
     for s in range(2, MAX_STAGES + 1):
-        if shared_memory(layer, TuningConfig(**fields, stages=s)).fits(target):
+        if plan(layer, TuningConfig(**fields, stages=s)).fits(target):
             stages = s
     return TuningConfig(**fields, stages=stages)
 
@@ -94,7 +95,7 @@ def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int) -> TuningCo
     """The tuning of an indexed MoE GEMM with `block_m` tokens per tile."""
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", split_k=1)
-    return _deepest(layer, target, fields)
+    return deepest(layer, target, fields)
 
 
 def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
@@ -137,11 +138,7 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
                   block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
                   b_load="tma", scale_load="tma", split_k=split,
                   raster="m_band" if weight_group_k(layer) is not None and split == 1 else "n_major")
-    stages = 2
-    for s in range(2, MAX_STAGES + 1):
-        if compose_a8.shared_memory(layer, TuningConfig(**fields, stages=s)).fits(target):
-            stages = s
-    return TuningConfig(**fields, stages=stages)
+    return deepest(layer, target, fields)
 
 
 def choose_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
