@@ -94,7 +94,8 @@ def cases():
     torch.manual_seed(0)
     x = torch.randn(1, K).bfloat16()
     out = []
-    for name, fmt in (("QuantLinear W4A16", "w4a16-int4-g128"), ("QuantLinear W8A8", "w8a8-fp8-channel")):
+    for fmt in ("w4a16-int4-g128", "w8a8-fp8-channel", "w8a8-int8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8"):
+        name = f"QuantLinear {fmt}"
         layer = hg.QuantLinear.from_quantized(hg.scheme(fmt).quantize(torch.randn(N, K) * 0.02), target="sm_90a",
                                               device="cpu")
         out.append((name, lambda layer=layer: layer(x), lambda layer=layer: _gemm_body(layer, x)))

@@ -194,16 +194,19 @@ def test_act_order_permutation_and_unaligned_k():
 
 def test_weight_only_fp8_checkpoint_scheme():
     """A scheme that quantizes activations runs weight-only when asked; one whose quantized activations no kernel
-    serves (W4A4) refuses clearly otherwise (W8A8 and W4A8 run: tests/gpu/test_linear_w8a8.py, test_linear_w4a8.py)."""
+    on sm_90a serves (W4A4) falls back to 16-bit activations by default and refuses clearly with strict=True (W8A8
+    and W4A8 run: tests/gpu/test_linear_w8a8.py, test_linear_w4a8.py)."""
     qw = hg.scheme("w8a8-fp8-channel").quantize(torch.randn(512, 768, device="cuda") * 0.05)
     w4a4 = hg.scheme("w4a4-nvfp4").quantize(torch.randn(512, 768, device="cuda") * 0.05)
     with pytest.raises(ValueError, match="weight_only=True"):
-        hg.QuantLinear.from_quantized(w4a4)
-    layer = hg.QuantLinear.from_quantized(qw, weight_only=True)
+        hg.QuantLinear.from_quantized(w4a4, strict=True)
     x = torch.randn(5, 768, device="cuda").bfloat16()
-    ref = reference_gemm(x.double(), qw, quantize_input=False)
-    err = ((layer(x).double() - ref).norm() / ref.norm()).item()
-    assert err < TOLERANCE[torch.bfloat16]
+    for weights, layer in ((qw, hg.QuantLinear.from_quantized(qw, weight_only=True)),
+                           (w4a4, hg.QuantLinear.from_quantized(w4a4))):
+        ref = reference_gemm(x.double(), weights, quantize_input=False)
+        err = ((layer(x).double() - ref).norm() / ref.norm()).item()
+        assert err < TOLERANCE[torch.bfloat16], f"{weights.scheme}: relative error {err}"
+    assert hg.QuantLinear.from_quantized(w4a4).compute_dtype == "bfloat16"
 
 
 def test_kernel_launch_keeps_few_launchers_alive():

@@ -1,0 +1,42 @@
+"""Where an eager M = 1 forward call spends its time on the host: the kernels each call launches (torch profiler)
+and the Python functions that cost most (cProfile), per format. Companion of eager_gap.py (issue 10: eager within
+8 us of the graph time).
+
+    python bench/eager_profile.py [formats] > eager_profile.txt
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import humming_gen as hg
+
+FORMATS = (sys.argv[1] if len(sys.argv) > 1 else
+           "w4a16-int4-g128,w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
+CALLS = 200
+torch.manual_seed(0)
+for name in FORMATS:
+    layer = hg.QuantLinear.from_quantized(hg.scheme(name).quantize(torch.randn(8192, 8192, device="cuda") * 0.02))
+    x = torch.randn(1, 8192, device="cuda").bfloat16()
+    for _ in range(20):
+        layer(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            layer(x)
+        torch.cuda.synchronize()
+    print(f"\n=== {name}: torch profiler, {CALLS} eager calls at M = 1")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=70))
+    cp = cProfile.Profile()
+    cp.enable()
+    for _ in range(CALLS):
+        layer(x)
+    torch.cuda.synchronize()
+    cp.disable()
+    print(f"=== {name}: cProfile, {CALLS} eager calls")
+    pstats.Stats(cp, stream=sys.stdout).sort_stats("tottime").print_stats(18)
