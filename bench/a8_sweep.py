@@ -20,7 +20,8 @@ from humming_gen.targets import Target
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
 VARIANTS = [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
-            dict(block_m=192, raster="n_major"), dict(block_m=160, raster="n_major")]  # {}: the heuristics' own
+            dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
+            dict(block_m=160, raster="n_major")]  # {}: the heuristics' own
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()
