@@ -36,11 +36,11 @@ if [ "${HG_SMOKE:-1}" = 1 ]; then  # the benchmark command, the example and the 
   python3 examples/quantize_model.py > "$OUT/example.log" 2>&1; echo "examples/quantize_model.py: rc=$?"
   (cd bench && python3 moe_timing.py 2>&1 | grep -v compil | tee "$OUT/moe-timing.log")
   python3 examples/moe.py > "$OUT/example-moe.log" 2>&1; echo "examples/moe.py: rc=$? ($(tail -n 1 "$OUT/example-moe.log"))"
-  # eager against graph time at M = 1 (issue 10's 8 us bound), with the op dispatch and with the opt-in direct path
+  # eager against graph time at M = 1 (issue 10's 8 us bound), on the default direct path and through the op
   python3 bench/eager_gap.py 2>&1 | grep "^|" | tee "$OUT/eager-gap.log"
-  HUMMING_GEN_DIRECT_EAGER=1 python3 bench/eager_gap.py 2>&1 | grep "^|" | tee "$OUT/eager-gap-direct.log"
-  HUMMING_GEN_DIRECT_EAGER=1 python3 -m pytest tests/gpu/test_ops_and_strides.py tests/gpu/test_quant_moe.py -q \
-    -p no:cacheprovider $XDIST 2>&1 | tail -n 3 | sed 's/^/direct eager path: /'
+  HUMMING_GEN_DIRECT_EAGER=0 python3 bench/eager_gap.py 2>&1 | grep "^|" | tee "$OUT/eager-gap-op.log"
+  HUMMING_GEN_DIRECT_EAGER=0 python3 -m pytest tests/gpu/test_ops_and_strides.py tests/gpu/test_quant_moe.py -q \
+    -p no:cacheprovider $XDIST 2>&1 | tail -n 3 | sed 's/^/op path: /'
 fi
 if [ "${HG_A8_BENCH:-1}" = 1 ]; then  # issue 10's tables: 8-bit activations at 8192^2 and the group-32 case
   python3 -m humming_gen.cli bench --formats w8a8-fp8-channel,w4a8-mxfp4-fp8,w8a8-fp8-block128,w8a8-int8-channel \

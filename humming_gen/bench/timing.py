@@ -50,16 +50,20 @@ def graph_time_us(fns: Sequence[Callable], x: torch.Tensor, replays: int = 20) -
     return statistics.median(times)
 
 
-def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200) -> float:
-    """Wall time per call, in us, of a synchronized loop of plain calls (graph time plus host overhead)."""
-    for f in fns:
-        f(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fns[i % len(fns)](x)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200, repeats: int = 5) -> float:
+    """Steady-state wall time per call, in us, of a synchronized loop of plain calls (graph time plus host
+    overhead): the median of `repeats` loops, after a warm-up loop (first-call work such as a stream's launch
+    configs stays out, as it does in a serving loop)."""
+    times = []
+    for r in range(repeats + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fns[i % len(fns)](x)
+        torch.cuda.synchronize()
+        if r:  # loop 0 warms up
+            times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
 
 
 def copy_gbps(nbytes: int = 1 << 30, replays: int = 10) -> float:

@@ -7,8 +7,9 @@ torch-function mode is active, or the tensors are subclasses), torch.func transf
 tensor requires grad: the op raises its own error). Everywhere else the direct call is the same computation with
 the same launches.
 
-Off by default until it has run on a GPU (CPU-verified: the same packed launches as the op path): set
-HUMMING_GEN_DIRECT_EAGER=1 to take it. `ENABLED` is read at import; tests set it directly.
+On by default (run on the H200 under the GPU tests of ops, QuantLinear and QuantMoE, and CPU-verified to launch the
+same packed parameters as the op path): HUMMING_GEN_DIRECT_EAGER=0 sends every call through the op. `ENABLED` is
+read at import; tests set it directly.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 
 import torch
 
-ENABLED = os.environ.get("HUMMING_GEN_DIRECT_EAGER", "0") == "1"
+ENABLED = os.environ.get("HUMMING_GEN_DIRECT_EAGER", "1") != "0"
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled

@@ -52,7 +52,7 @@ FORMATS = ("w4a16-int4-g128", "w8a8-fp8-channel")
 
 @pytest.fixture(autouse=True)
 def direct_eager(monkeypatch):
-    """The direct eager path is opt-in (HUMMING_GEN_DIRECT_EAGER=1) until it has run on a GPU; these tests check it."""
+    """The direct eager path (on by default; HUMMING_GEN_DIRECT_EAGER=0 turns it off): these tests check it."""
     monkeypatch.setattr(eager, "ENABLED", True)
 
 
