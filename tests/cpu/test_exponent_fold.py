@@ -253,6 +253,21 @@ def test_layer_folds_only_where_warp_specialized_kernels_run() -> None:
     assert not hg.QuantLinear.from_float(w, "w4a8-int4-g128-fp8", target="sm_90a", device="cpu").fold_scales
 
 
+def test_explicit_tunings_without_room_for_the_deltas_keep_the_promotion_path() -> None:
+    """Tunings chosen for the unfolded layer fill shared memory at 192 tokens (7 stages; folded: 6): they win, and
+    the layer does not fold; those that leave room fold."""
+    from humming_gen.pipelines.base import TuningPlan
+
+    w = _weight(256, 1024)
+    plain = choose_tunings(LayerConfig(256, 1024, SCHEME), SM90, stored=False)
+    big = plain.for_m(100000)
+    assert big.block_m == 192 and big.stages == 7
+    layer = hg.QuantLinear.from_float(w, SCHEME, target="sm_90a", device="cpu", tunings=TuningPlan(((None, big),)))
+    assert not layer.fold_scales and not layer.kernels[0].name.endswith("_fold")
+    small = TuningPlan(((None, plain.for_m(1000)),))
+    assert hg.QuantLinear.from_float(w, SCHEME, target="sm_90a", device="cpu", tunings=small).fold_scales
+
+
 # --- the folded kernels ---------------------------------------------------------------------------------------
 def test_layer_config_refuses_fold_for_schemes_that_cannot() -> None:
     assert "fold_scales" not in LayerConfig(64, 256, SCHEME).to_dict()  # unfolded configs keep their JSON and keys
