@@ -58,6 +58,7 @@ def test_fold_reasons_name_what_does_not_fold() -> None:
     assert "multiple of 32" in fold_reasons(E2M1, E8M0, 48, False)[0]
     assert "global scale" in fold_reasons(E2M1, E8M0, 32, True)[0]
     assert "codes 8-15" in fold_reasons(dtype("int4"), E8M0, 32, False)[0]
+    assert "codes 8-15" in fold_reasons(dtype("uint2"), E8M0, 32, False)[0]
     assert "at most 4 bits" in fold_reasons(dtype("float8e4m3"), E8M0, 32, False)[0]
 
 

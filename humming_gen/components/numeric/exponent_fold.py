@@ -68,8 +68,8 @@ def fold_reasons(weight: DType, scale_dtype: DType, group_size: int | None, glob
         except ValueError as e:
             return reasons + [str(e)]
         if mode != "sign_magnitude":
-            reasons.append(f"weight format {weight.name}: codes 8-15 must be codes 0-7 negated (e2m1), the table "
-                           f"then holds magnitudes only")
+            reasons.append(f"weight format {weight.name}: the folded lookup holds magnitudes, the sign in a 4-bit "
+                           f"code's top bit (codes 8-15 are codes 0-7 negated, as in e2m1)")
         elif exponent_window(weight) is None:
             reasons.append(f"weight format {weight.name}: no power of two keeps its values normal e4m3 values")
     return reasons
