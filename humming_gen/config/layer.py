@@ -108,11 +108,7 @@ class LayerConfig(JsonConfig):
         if self.fold_scales:
             from humming_gen.components.numeric.exponent_fold import fold_reasons
 
-            group = s.group_size if s.granularity == "group" else None
-            why = fold_reasons(s.weight, s.scale_dtype, group, s.global_scale)
-            if act is None or not act.dtype.is_float:
-                why.append("activations that are not fp8: the fold scales the e4m3 weight operand of fp8 kernels")
-            reasons += [f"fold_scales=True: {r}" for r in why]
+            reasons += [f"fold_scales=True: {r}" for r in fold_reasons(s)]
         return reasons
 
     @property

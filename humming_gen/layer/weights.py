@@ -51,12 +51,9 @@ def scales_fold(qweight: QuantizedWeight) -> bool:
     where it does not fold, the group scales stay on the promotion path."""
     from humming_gen.components.numeric.exponent_fold import exponent_window, fold_exponents, fold_reasons
 
-    s = qweight.scheme
-    if s.activation is None or not s.activation.dtype.is_float or s.granularity != "group":
+    if fold_reasons(qweight.scheme):
         return False
-    if fold_reasons(s.weight, s.scale_dtype, s.group_size, s.global_scale):
-        return False
-    window = exponent_window(s.weight)
+    window = exponent_window(qweight.scheme.weight)
     return window is not None and fold_exponents(qweight.scales, window) is not None
 
 

@@ -17,7 +17,7 @@ import humming_gen as hg
 from humming_gen.codegen import compose
 from humming_gen.codegen.render import environment
 from humming_gen.components.numeric.exponent_fold import (ExponentFold, exponent_window, fold_exponents,
-                                                          fold_reasons, pack_exponents)
+                                                          fold_reasons, pack_exponents, weight_reasons)
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.formats import dtype
 from humming_gen.heuristics import choose_tunings
@@ -29,7 +29,6 @@ from test_w4a8 import CXX, PRELUDE, _word
 
 E2M1 = dtype("float4e2m1")
 E4M3 = dtype("float8e4m3")
-E8M0 = dtype("float8e8m0")
 SM90 = get_target("sm_90a")
 SCHEME = "w4a8-mxfp4-fp8"
 FOLD = ExponentFold(weight=E2M1)
@@ -51,15 +50,20 @@ def test_window_of_e2m1_is_exact_for_every_code_and_as_wide_as_can_be() -> None:
     assert not _normal_e4m3(values * 2.0 ** 7)  # 6 * 2^7 = 768 > 448
 
 
+def _fp8(weight: str, **kw) -> hg.QuantScheme:
+    kw = {"group_size": 32, "scale_dtype": "float8e8m0", **kw}
+    return hg.QuantScheme(weight, activation=hg.ActivationScheme("float8e4m3", granularity="token"), **kw)
+
+
 def test_fold_reasons_name_what_does_not_fold() -> None:
-    assert fold_reasons(E2M1, E8M0, 32, False) == []
-    assert fold_reasons(dtype("float4e0m3"), E8M0, 64, False) == []  # another sign-magnitude format
-    assert "e8m0 group scales" in fold_reasons(E2M1, dtype("float8e4m3"), 16, False)[0]
-    assert "multiple of 32" in fold_reasons(E2M1, E8M0, 48, False)[0]
-    assert "global scale" in fold_reasons(E2M1, E8M0, 32, True)[0]
-    assert "codes 8-15" in fold_reasons(dtype("int4"), E8M0, 32, False)[0]
-    assert "codes 8-15" in fold_reasons(dtype("uint2"), E8M0, 32, False)[0]
-    assert "at most 4 bits" in fold_reasons(dtype("float8e4m3"), E8M0, 32, False)[0]
+    assert fold_reasons(hg.scheme(SCHEME)) == [] and fold_reasons(_fp8("float4e2m1")) == []
+    assert fold_reasons(_fp8("float4e0m3", group_size=64)) == []  # another sign-magnitude format
+    assert "e8m0 group scales" in fold_reasons(_fp8("float4e2m1", group_size=16, scale_dtype="float8e4m3"))[0]
+    assert "multiple of 32" in fold_reasons(_fp8("float4e2m1", group_size=48))[0]
+    assert "global scale" in fold_reasons(_fp8("float4e2m1", global_scale=True))[0]
+    assert "not fp8" in fold_reasons(hg.scheme("w4a16-mxfp4"))[0]
+    assert "codes 8-15" in weight_reasons(dtype("int4"))[0] and "codes 8-15" in weight_reasons(dtype("uint2"))[0]
+    assert "at most 4 bits" in weight_reasons(dtype("float8e4m3"))[0]
 
 
 # --- the widening with rebased tables, every code in every position and every delta -----------------------------

@@ -19,7 +19,7 @@ so a stage of a 128-row tile is one contiguous copy and a thread reads one word 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import torch
@@ -27,6 +27,9 @@ import torch
 from humming_gen.components.base import Component
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, e4m3_table, prmt_model
 from humming_gen.formats import DType, FloatType, dtype
+
+if TYPE_CHECKING:
+    from humming_gen.schemes import QuantScheme
 
 STEP_K = 32  # k of one wgmma / mma k32 step: the granularity of the deltas
 ROWS = 128  # rows of one word block of b_exponent (a layout block, the 8-bit tile's rows)
@@ -50,29 +53,37 @@ def exponent_window(weight: DType) -> tuple[int, int] | None:
     return (fits[0], fits[-1]) if fits else None
 
 
-def fold_reasons(weight: DType, scale_dtype: DType, group_size: int | None, global_scale: bool) -> list[str]:
-    """Why group scales of `scale_dtype` (per `group_size` k) on `weight` codes cannot fold into the e4m3 operand."""
-    reasons = []
-    if scale_dtype.name != "float8e8m0" or group_size is None:
-        reasons.append(f"scale {scale_dtype.name} per {'group' if group_size else 'channel / tensor / block'}: "
-                       f"e8m0 group scales (powers of two) fold")
-    elif group_size % STEP_K:
-        reasons.append(f"group_size={group_size}: a delta per k{STEP_K} step needs groups of a multiple of {STEP_K}")
-    if global_scale:
-        reasons.append("a global scale: the standard pipeline's out_scale carries it, the fold's carries 2^r")
+def weight_reasons(weight: DType) -> list[str]:
+    """Why codes of `weight` cannot be widened to e4m3 times 2^d by the folded lookup."""
     if weight.bits > 4:
-        reasons.append(f"weight format {weight.name}: codes of at most 4 bits (nibbles looked up as e4m3) fold")
-    else:
-        try:
-            mode = NibbleToE4m3(weight=weight).mode
-        except ValueError as e:
-            return reasons + [str(e)]
-        if mode != "sign_magnitude":
-            reasons.append(f"weight format {weight.name}: the folded lookup holds magnitudes, the sign in a 4-bit "
-                           f"code's top bit (codes 8-15 are codes 0-7 negated, as in e2m1)")
-        elif exponent_window(weight) is None:
-            reasons.append(f"weight format {weight.name}: no power of two keeps its values normal e4m3 values")
-    return reasons
+        return [f"weight format {weight.name}: codes of at most 4 bits (nibbles looked up as e4m3) fold"]
+    try:
+        mode = NibbleToE4m3(weight=weight).mode
+    except ValueError as e:
+        return [str(e)]
+    if mode != "sign_magnitude":
+        return [f"weight format {weight.name}: the folded lookup holds magnitudes, the sign in a 4-bit code's top "
+                f"bit (codes 8-15 are codes 0-7 negated, as in e2m1)"]
+    if exponent_window(weight) is None:
+        return [f"weight format {weight.name}: no power of two keeps its values normal e4m3 values"]
+    return []
+
+
+def fold_reasons(scheme: "QuantScheme") -> list[str]:
+    """Why the scheme's weight scales cannot fold into the e4m3 weight operand, whatever the data."""
+    reasons = []
+    a = scheme.activation
+    if a is None or not a.dtype.is_float:
+        reasons.append("activations that are not fp8: the fold scales the e4m3 weight operand of fp8 kernels")
+    if scheme.scale_dtype.name != "float8e8m0" or scheme.granularity != "group":
+        reasons.append(f"{scheme.scale_dtype.name} {scheme.granularity} scales: e8m0 group scales (powers of two) "
+                       f"fold")
+    elif scheme.group_size % STEP_K:
+        reasons.append(f"group_size={scheme.group_size}: a delta per k{STEP_K} step needs groups of a multiple of "
+                       f"{STEP_K}")
+    if scheme.global_scale:
+        reasons.append("a global scale: the standard pipeline's out_scale carries it, the fold's carries 2^r")
+    return reasons + weight_reasons(scheme.weight)
 
 
 @attrs.frozen
@@ -126,14 +137,14 @@ class ExponentFold(Component):
     weight: DType
 
     def __attrs_post_init__(self) -> None:
-        reasons = fold_reasons(self.weight, dtype("float8e8m0"), STEP_K, False)
+        reasons = weight_reasons(self.weight)
         if reasons:
             raise ValueError("; ".join(reasons))
 
     @property
     def window(self) -> tuple[int, int]:
         window = exponent_window(self.weight)
-        assert window is not None  # fold_reasons
+        assert window is not None  # weight_reasons
         return window
 
     def _low_words(self) -> tuple[int, int]:
