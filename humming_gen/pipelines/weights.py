@@ -139,8 +139,8 @@ def _fold_scales(lay, qw: QuantizedWeight, extra: torch.Tensor | None, device: t
     fp32 group scales stay for the kernels that promote them. ValueError where the data does not fold."""
     folded = fold_exponents(qw.scales.to(device), ExponentFold(weight=qw.scheme.weight).window)
     if folded is None:
-        raise ValueError("fold_scales=True: some row's group-scale exponents span more than the fold window "
-                         "(humming_gen.components.numeric.exponent_fold.fold_exponents)")
+        raise ValueError("fold_scales=True: the group scales do not fold (a row's exponents span more than the "
+                         "window, or a scale is not a power of two; humming_gen.layer.weights.scales_fold decides)")
     b_exponent = pack_exponents(folded.deltas, qw.scheme.group_size, lay.n_pad, lay.k_pad)
     row = torch.ldexp(torch.ones(qw.n, device=device, dtype=torch.float64), folded.row_exponent.double()).float()
     if extra is not None:

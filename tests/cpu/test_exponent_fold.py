@@ -179,8 +179,8 @@ def test_fold_exponents_match_a_torch_reference_and_refuse_wide_rows() -> None:
     assert torch.equal(torch.ldexp(torch.ones_like(scales, dtype=torch.float64), (r[:, None] + d)).float(), scales)
     e[7, 3] = e[7].max() - 12  # a span of 12: that row cannot fold, so neither can the layer
     assert fold_exponents(torch.ldexp(torch.ones(n, groups, dtype=torch.float64), e).float(), (-5, 6)) is None
-    with pytest.raises(ValueError, match="powers of two"):
-        fold_exponents(torch.full((2, 2), 0.75), (-5, 6))
+    for bad in (0.75, 0.0, float("nan"), float("inf")):
+        assert fold_exponents(torch.full((2, 2), bad), (-5, 6)) is None, bad
 
 
 def test_exponent_words_follow_the_documented_layout() -> None:
@@ -226,6 +226,10 @@ def test_prepared_weight_carries_both_forms_of_the_scales() -> None:
     rebuilt = pw.out_scale[:n, None].double() * torch.ldexp(torch.ones_like(d, dtype=torch.float64), d)
     assert torch.equal(rebuilt[:, :groups].float(), qw.scales)
     assert not pw.out_scale[n:].any() and not fields[n:].any()
+    w = _weight(n, k)
+    w[0, :32] *= 2.0 ** -14
+    with pytest.raises(ValueError, match="do not fold"):  # a plan that folds, data that does not
+        prepare_weight(plans[-1], hg.scheme(SCHEME).quantize(w), "cpu")
 
 
 def test_layer_folds_random_mxfp4_and_falls_back_for_a_wide_row() -> None:

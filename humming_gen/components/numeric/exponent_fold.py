@@ -96,12 +96,12 @@ class FoldedExponents:
 
 def fold_exponents(scales: torch.Tensor, window: tuple[int, int]) -> FoldedExponents | None:
     """Split power-of-two group scales (N, groups) into 2^r[n] * 2^d[n, g] with d in `window`: r[n] = the row's
-    largest exponent minus window[1]. None where some row's exponents span more than the window (the layer keeps
-    the promotion path). ValueError where a scale is not a finite positive power of two."""
+    largest exponent minus window[1]. None where some row's exponents span more than the window, or a scale is
+    not a finite positive power of two (the layer keeps the promotion path)."""
     s = scales.to(torch.float64)
     mantissa, exponent = torch.frexp(s)
     if not bool(((mantissa == 0.5) & torch.isfinite(s)).all()):
-        raise ValueError("folded group scales must be finite positive powers of two (e8m0)")
+        return None
     exponent = exponent.to(torch.int32) - 1
     row = exponent.amax(dim=1) - window[1]
     deltas = exponent - row[:, None]
