@@ -13,6 +13,7 @@ import humming_gen as hg
 from bench_dense import graph_time_us
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
+from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized.heuristics import deepest
 from humming_gen.targets import Target
@@ -28,7 +29,8 @@ target = Target.current()
 for name in presets:
     scheme = hg.scheme(name)
     qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
-    base = dict(choose_tunings(LayerConfig(n=n, k=k, scheme=scheme), target, stored=False).buckets)[None]
+    layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=scales_fold(qws[0]))  # as QuantLinear decides it
+    base = dict(choose_tunings(layer, target, stored=False).buckets)[None]
     for m in ms:
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
@@ -36,7 +38,7 @@ for name in presets:
             t = attrs.evolve(base, **v)
             if v:  # as many stages as shared memory holds
                 fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
-                t = deepest(LayerConfig(n=n, k=k, scheme=scheme), target, fields)
+                t = deepest(layer, target, fields)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:

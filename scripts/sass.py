@@ -2,7 +2,7 @@
 instruction histogram of its hottest loop. Needs cuobjdump (on PATH or in $CUOBJDUMP) and the nvdisasm it calls;
 both come as PyPI wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
-    python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--loop | --full]
+    python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--loop | --full] [--fold-scales]
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--target", default="sm_90a")
     ap.add_argument("--tuning", default=None, help="TuningConfig fields as JSON, overriding the bucket's")
+    ap.add_argument("--fold-scales", action="store_true", help="LayerConfig.fold_scales (folded e8m0 group scales)")
     ap.add_argument("--full", action="store_true", help="print the whole disassembly")
     ap.add_argument("--loop", action="store_true", help="print the hottest loop")
     args = ap.parse_args()
     target = get_target(args.target)
-    layer = LayerConfig(n=args.n, k=args.k, scheme=hg.scheme(args.scheme))
+    layer = LayerConfig(n=args.n, k=args.k, scheme=hg.scheme(args.scheme), fold_scales=args.fold_scales)
     tuning = choose_tunings(layer, target).for_m(args.m)
     if args.tuning:
         import json

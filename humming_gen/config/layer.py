@@ -59,6 +59,9 @@ class LayerConfig(JsonConfig):
     num_experts: 1 for a dense layer. top_k: experts per token (<= num_experts).
     has_bias: a per-output-column bias is added in the epilogue.
     dtype: activation / compute dtype ("bfloat16" | "float16"); out_dtype: output dtype, defaults to dtype.
+    fold_scales: the e8m0 group scales fold into the e4m3 weight operand of the warp-specialized 8-bit kernels (each
+    row's exponents fit an 11-binade window; QuantLinear decides it from the data,
+    humming_gen.components.numeric.exponent_fold); other kernels read the group scales as before.
     """
 
     n: int
@@ -70,6 +73,7 @@ class LayerConfig(JsonConfig):
     dtype: str = attrs.field(default="bfloat16", kw_only=True, converter=_dtype_name)
     out_dtype: str = attrs.field(default=attrs.Factory(lambda self: self.dtype, takes_self=True), kw_only=True,
                                  converter=_dtype_name)
+    fold_scales: bool = attrs.field(default=False, kw_only=True, metadata={"listed_when_set": True})
     _key_cache: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     __hash__ = JsonConfig.__hash__
@@ -88,6 +92,7 @@ class LayerConfig(JsonConfig):
         check_bool(o, "has_bias", self.has_bias)
         check_choice(o, "dtype", self.dtype, DTYPES)
         check_choice(o, "out_dtype", self.out_dtype, OUT_DTYPES)
+        check_bool(o, "fold_scales", self.fold_scales)
         raise_reasons(o, self._consistency_reasons())
 
     def _consistency_reasons(self) -> list[str]:
@@ -100,6 +105,10 @@ class LayerConfig(JsonConfig):
         act = s.activation
         if act is not None and act.granularity == "group" and self.k % act.group_size:
             reasons.append(f"k={self.k} is not a multiple of the activation scheme's group_size={act.group_size}")
+        if self.fold_scales:
+            from humming_gen.components.numeric.exponent_fold import fold_reasons
+
+            reasons += [f"fold_scales=True: {r}" for r in fold_reasons(s)]
         return reasons
 
     @property
@@ -114,5 +123,6 @@ class LayerConfig(JsonConfig):
     def summary(self) -> str:
         """One line for the generated source's header; holds every field."""
         moe = f"experts={self.num_experts} top_k={self.top_k} " if self.is_moe else ""
+        fold = " fold_scales=yes" if self.fold_scales else ""
         return (f"layer   n={self.n} k={self.k} {moe}{self.scheme.summary()} dtype={self.dtype} "
-                f"out={self.out_dtype} bias={'yes' if self.has_bias else 'no'}")
+                f"out={self.out_dtype} bias={'yes' if self.has_bias else 'no'}{fold}")

@@ -87,8 +87,10 @@ class JsonConfig:
     __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types only (str, int, bool, None, dict); field name -> value."""
-        return {f.name: getattr(self, f.name) for f in attrs.fields(type(self)) if f.init}
+        """Plain JSON types only (str, int, bool, None, dict); field name -> value (a `listed_when_set` field only
+        when it differs from its default, so configs written before it existed keep their JSON and keys)."""
+        return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))
+                if f.init and not (f.metadata.get("listed_when_set") and getattr(self, f.name) == f.default)}
 
     @classmethod
     def from_dict(cls: type[C], d: Mapping[str, Any]) -> C:

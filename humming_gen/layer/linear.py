@@ -11,7 +11,7 @@ from humming_gen.heuristics import TuningPlan, choose_tunings
 from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
-from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device
+from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device, scales_fold
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -41,6 +41,8 @@ class QuantLinear(torch.nn.Module):
     falls back (fp4 -> fp8 -> 16-bit, logged once, `compute_dtype` says which runs; strict=True refuses);
     weight_only=True always runs 16-bit activations.
     batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
+    MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels where every row's
+    exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
@@ -79,13 +81,16 @@ class QuantLinear(torch.nn.Module):
             qweight = attrs.evolve(qweight, scheme=choice.scheme)
         self.scheme: QuantScheme = qweight.scheme
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
-                                        dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype])
+                                        dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype],
+                                        fold_scales=scales_fold(qweight))
         self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
         act = self.activation_scheme
         if act is not None and own_activation and qweight.input_scale is not None and act.granularity == "tensor":
             self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
+        if self.fold_scales and not self._fold_serves(self.tunings):
+            self.layer_config = attrs.evolve(self.layer_config, fold_scales=False)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
 
@@ -114,6 +119,16 @@ class QuantLinear(torch.nn.Module):
                            for m_max, kernel in self._buckets]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
+    def _fold_serves(self, tunings: TuningPlan) -> bool:
+        """Folded scales are read by warp-specialized kernels only, whose rings hold a stage's exponent deltas
+        beside its weights: some tuning must be one, and every one must still fit shared memory (explicit tunings
+        chosen for the unfolded layer may not; they win, and the layer promotes its group scales instead)."""
+        from humming_gen.pipelines.registry import get_pipeline
+
+        ws = [t for t in tunings.tunings() if t.pipeline == "warp_specialized"]
+        plan = get_pipeline("warp_specialized").shared_memory
+        return bool(ws) and all(plan(self.layer_config, t).total <= self.target.smem_per_block_optin for t in ws)
+
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
                                       out_dtype: torch.dtype) -> list[str]:
         """What keeps kernels on this target from serving `scheme` (with its quantized activations) for qweight."""
@@ -122,6 +137,12 @@ class QuantLinear(torch.nn.Module):
         if qweight.k_perm is not None:
             reasons.append("act-order weights (k_perm) with quantized activations: the codes would need a gather")
         return reasons
+
+    @property
+    def fold_scales(self) -> bool:
+        """The e8m0 group scales fold into the e4m3 weight operand of the warp-specialized kernels (their names
+        end in `_fold`); False: every kernel promotes partial sums with the group scales."""
+        return self.layer_config.fold_scales
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod
@@ -267,4 +288,5 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme=({self.scheme.summary()}), "
-                f"dtype={self.dtype}, target={self.target.name}, kernels={len(self._kernels)}")
+                f"dtype={self.dtype}, target={self.target.name}, kernels={len(self._kernels)}"
+                + (", fold_scales=True" if self.fold_scales else ""))

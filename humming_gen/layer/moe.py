@@ -68,7 +68,8 @@ def prepare_moe_weight(plan, qw: QuantizedWeight, device: torch.device | str) ->
         return None if tensors[0] is None else torch.stack(tensors).contiguous()
 
     return PreparedWeight(layout_key=parts[0].layout_key, b=stack("b"), b_scale=stack("b_scale"),
-                          b_zero=stack("b_zero"), out_scale=stack("out_scale"), k_perm=None)
+                          b_zero=stack("b_zero"), out_scale=stack("out_scale"), k_perm=None,
+                          b_exponent=stack("b_exponent"))
 
 
 class QuantMoE(torch.nn.Module):

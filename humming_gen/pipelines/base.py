@@ -113,6 +113,8 @@ class WeightLayout:
     converter_bias: float    # what the converter adds (magic number), for zero-point packing
     zero_point: str | None   # None | "int" | "float"
     dtype: str               # compute type of scales and zero terms
+    # e8m0 group scales also split into b_exponent and a row factor in out_scale (components.numeric.exponent_fold)
+    fold_scales: bool = False
 
 
 # --- the plan -----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from humming_gen.components.numeric.halfbits import TORCH_DTYPE
+from humming_gen.components.numeric.exponent_fold import ExponentFold, fold_exponents, pack_exponents
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
@@ -123,8 +124,28 @@ def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torc
         b_scale = pad_to(sc, {1: lay.n_pad}).contiguous()
     b = (pack_codes8(codes, lay.b_layout) if isinstance(lay.b_layout, BLayout8)
          else pack_nibbles8(codes, lay.b_layout))
-    return PreparedWeight(layout_key=lay, b=b.contiguous(), b_scale=b_scale, b_zero=None,
-                          out_scale=_out_scale(lay, qw, scales, extra, device), k_perm=_k_perm(qw, device))
+    out_scale = _out_scale(lay, qw, scales, extra, device)
+    b_exponent = None
+    if lay.fold_scales:
+        b_exponent, out_scale = _fold_scales(lay, qw, extra, device)
+    return PreparedWeight(layout_key=lay, b=b.contiguous(), b_scale=b_scale, b_zero=None, out_scale=out_scale,
+                          k_perm=_k_perm(qw, device), b_exponent=b_exponent)
+
+
+def _fold_scales(lay, qw: QuantizedWeight, extra: torch.Tensor | None, device: torch.device | str
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b_exponent, out_scale) of the folded e8m0 group scales (components.numeric.exponent_fold): the deltas in
+    the kernel's word layout and the rows' factor 2^r (times a channel scale the group scales do not carry); the
+    fp32 group scales stay for the kernels that promote them. ValueError where the data does not fold."""
+    folded = fold_exponents(qw.scales.to(device), ExponentFold(weight=qw.scheme.weight).window)
+    if folded is None:
+        raise ValueError("fold_scales=True: the group scales do not fold (a row's exponents span more than the "
+                         "window, or a scale is not a power of two; humming_gen.layer.weights.scales_fold decides)")
+    b_exponent = pack_exponents(folded.deltas, qw.scheme.group_size, lay.n_pad, lay.k_pad)
+    row = torch.ldexp(torch.ones(qw.n, device=device, dtype=torch.float64), folded.row_exponent.double()).float()
+    if extra is not None:
+        row = row * extra
+    return b_exponent, pad_to(row, {0: lay.n_pad}).contiguous()
 
 
 def _prepare_weight_nibbles(lay, qw: QuantizedWeight, codes: torch.Tensor,

@@ -135,18 +135,26 @@ def activation_name(layer: LayerConfig) -> str:
     return f"{a.dtype.name}{gran}"
 
 
-def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
-    """The Params fields, in struct order (with an MoE `compute`, its routing fields too)."""
+def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None, fold: bool = False
+         ) -> tuple[KernelArg, ...]:
+    """The Params fields, in struct order (with an MoE `compute`, its routing fields too). `fold`: the kernel reads
+    the folded group scales (exponent deltas, the row factor in out_scale) instead of the fp32 group scales."""
     s, a = layer.scheme, layer.scheme.activation
     gather = compute is not None and compute.gemm == "indexed"
     out = [KernelArg("a", "const void*", ACTIVATION, f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"),
            KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)"
                      if nibble_order(layer) is None else f"{s.weight.name} codes as nibbles "
                      f"(humming_gen.schemes.packing.BLayoutNibble8, order {nibble_order(layer)})", tensor="b")]
-    if weight_group_k(layer) is not None:
+    if fold:
+        out.append(KernelArg("b_exponent", "const void*", WEIGHT, "exponent deltas of the e4m3 weight operand "
+                             "(humming_gen.components.numeric.exponent_fold)", tensor="b_exponent"))
+    elif weight_group_k(layer) is not None:
         out.append(KernelArg("b_scale", "const void*", WEIGHT, "fp32 weight group scales [k group][n_pad]",
                              tensor="b_scale"))
-    if has_out_scale(s):
+    if fold:
+        out.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]: 2^r, the rows' "
+                             "share of the folded group scales", tensor="out_scale"))
+    elif has_out_scale(s):
         out.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
     shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
     rows = " (rows of a)" if gather and a.granularity != "tensor" else ""
@@ -172,7 +180,8 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8, n_pad
     k_pad = padded_k(layer)
     return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group_size=g,
                         group_rows=math.ceil(k_pad / g) if g else None, out_scale=has_out_scale(layer.scheme),
-                        code_offset=0, converter_bias=0.0, zero_point=None, dtype="float32")
+                        code_offset=0, converter_bias=0.0, zero_point=None, dtype="float32",
+                        fold_scales=layer.fold_scales)
 
 
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target,

@@ -39,7 +39,8 @@ class ATileSw128CpAsync(Component):
 
 @attrs.frozen
 class WeightStageBulk(Component):
-    """A stage's weight slices and group-parameter rows by bulk copies completing on the stage's full barrier."""
+    """A stage's weight slices and group-parameter rows (or folded scales' exponent deltas) by bulk copies completing
+    on the stage's full barrier."""
 
     template: ClassVar[str] = "pipelines/warp_specialized/weight_stage_bulk.cuh.j2"
     family: ClassVar[str] = "memory"
@@ -49,6 +50,7 @@ class WeightStageBulk(Component):
                                                    "load_weight_stage"})
     needs: ClassVar[frozenset[str]] = frozenset({"Params", "bulk_copy"})
     group_params: tuple[str, ...]
+    exponents: bool = option_field()  # the stage's b_exponent words (components.numeric.exponent_fold)
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
@@ -131,6 +133,7 @@ class WarpSpecializedA8Pipeline(Component):
     activation_e8m0: bool = option_field()  # activation group scales stored as e8m0 bytes (MX), else fp32
     split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
     long_k: bool = option_field()  # int8 with K past 2^16: s32 partial sums promoted every stage (overflow)
+    fold: bool = option_field()  # folded group scales: the widening adds the rows' exponent deltas (exponent_fold)
 
     @property
     def promote_in_loop(self) -> bool:
@@ -153,7 +156,8 @@ class WarpSpecializedA8Pipeline(Component):
                  f"wgmma_m64n{self.block_m}k32"}
         needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
                   if self.split_k else {"store_output"})
-        needs |= {"nibbles_to_a8"} if self.nibbles else set()
+        if self.nibbles:
+            needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         return frozenset(needs)

@@ -7,7 +7,9 @@ w the slice's 16-row tile w.
 
 Scales as on the standard pipeline: per-channel / tensor weight scales and per-token / tensor activation scales
 multiply the output in the epilogue; group and block scales multiply the partial sums when they are promoted into
-the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes). fp8 partial sums are promoted at least every
+the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes). Folded e8m0 group scales (LayerConfig.fold_scales,
+components.numeric.exponent_fold) are no promoted groups: the widened weights carry them, their exponent deltas
+staged after each stage's weights, and the rows' factor multiplies the output with out_scale. fp8 partial sums are promoted at least every
 block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
 about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are exact s32 over the whole of K.
 """
@@ -23,6 +25,8 @@ from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOu
 from humming_gen.components.memory.shared_reads import GroupScalesGlobal
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8
+from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
+from humming_gen.components.numeric.exponent_fold import STEP_K, ExponentFold
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
@@ -55,10 +59,11 @@ class SmemPlanA8:
     a: int
     b: int
     stages: int
+    exponents: int = 0  # folded group scales: the stage's exponent deltas, after its weights
 
     @property
     def stage(self) -> int:
-        return -(-(self.a + self.b) // SMEM_ALIGN) * SMEM_ALIGN
+        return -(-(self.a + self.b + self.exponents) // SMEM_ALIGN) * SMEM_ALIGN
 
     @property
     def total(self) -> int:
@@ -73,9 +78,15 @@ def b_slice_bytes(layer: LayerConfig) -> int:
     return BLOCK_N * SLICE_K // (2 if standard_a8.nibble_order(layer) else 1)
 
 
+def exponent_stage_bytes(layer: LayerConfig, block_k: int) -> int:
+    """Bytes of a stage's exponent deltas (a byte per row and k32 step), 0 where the group scales do not fold."""
+    return EXPONENT_ROWS * block_k // STEP_K if layer.fold_scales else 0
+
+
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     t = tuning
-    return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages)
+    return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
+                      exponents=exponent_stage_bytes(layer, t.block_k))
 
 
 def consumer_registers() -> int:
@@ -83,9 +94,14 @@ def consumer_registers() -> int:
     return min(256, free // (128 * WARPGROUPS) // 8 * 8)
 
 
+def promoted_weight_group_k(layer: LayerConfig) -> int | None:
+    """K extent of the weight scale groups that multiply promoted partial sums: none where they fold."""
+    return None if layer.fold_scales else standard_a8.weight_group_k(layer)
+
+
 def promote_k(layer: LayerConfig, block_k: int) -> int:
     """k between promotions of the partial sums: the stage (fp8: at most PROMOTE_K_FP8), or a scale group."""
-    groups = [g for g in (standard_a8.weight_group_k(layer), standard_a8.activation_group_k(layer)) if g is not None]
+    groups = [g for g in (promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)) if g is not None]
     k = math.gcd(block_k, *groups) if groups else block_k
     return k if layer.scheme.activation.dtype.name == "int8" and exact_k(layer) else math.gcd(k, PROMOTE_K_FP8)
 
@@ -138,7 +154,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += layout.check() + split_k_reasons(layer, t)
     if reasons:
         raise compose_error(reasons)
-    wgroups = standard_a8.weight_group_k(layer) is not None
+    wgroups = promoted_weight_group_k(layer) is not None
+    fold = layer.fold_scales
     agroups = standard_a8.activation_group_k(layer) is not None
     integer = a.dtype.name == "int8"
 
@@ -146,8 +163,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if order == "int8":
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
-        numeric.append(NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1), WeightStageBulk(group_params=())]
+        numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
+    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1),
+                               WeightStageBulk(group_params=(), exponents=fold)]
     if wgroups:  # (activation group scales are read by the skeleton, a token pair at a time)
         memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
@@ -157,16 +175,17 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
-    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold,
                                 bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
                                 fragment_store=t.split_k > 1))
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix=f"_ws_q{standard_a8.activation_name(layer)}")
+    suffix = f"_ws_q{standard_a8.activation_name(layer)}" + ("_fold" if fold else "")  # fold: folded group scales
+    name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
-                                         split_k=t.split_k > 1, long_k=integer and not exact_k(layer))
+                                         split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -202,6 +221,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     ] + split_k_constants(t)
     if wgroups:
         constants.append(("kWeightGroupK", standard_a8.weight_group_k(layer), "k elements per weight scale group"))
+    if fold:
+        constants += [("kExponentOffset", smem.a + smem.b, "a stage's exponent deltas, after its weights"),
+                      ("kExponentStageBytes", smem.exponents, "128 rows x kBlockK / 32 deltas: [128-k block][row] words"),
+                      ("kExponentBlockBytes", EXPONENT_ROWS * k_pad // STEP_K, "one layout block's deltas along K")]
     if agroups:
         g = standard_a8.activation_group_k(layer)
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
@@ -211,5 +234,5 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                               slots=target.sm_count)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=standard_a8.args(layer, t.split_k > 1), layout=standard_a8.weight_layout(layer, layout, n_pad),
+                      args=standard_a8.args(layer, t.split_k > 1, fold=fold), layout=standard_a8.weight_layout(layer, layout, n_pad),
                       group=None, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

@@ -122,7 +122,7 @@ A8_LARGE_BLOCK_M = 192
 
 
 def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
-    from humming_gen.pipelines.standard.compose_a8 import activation_group_k, weight_group_k
+    from humming_gen.pipelines.standard.compose_a8 import activation_group_k
 
     n_tiles = math.ceil(layer.n / compose_a8.BLOCK_N)
     k_tiles = math.ceil(layer.k / A8_BLOCK_K)
@@ -137,7 +137,8 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
                   block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
                   b_load="tma", scale_load="tma", split_k=split,
-                  raster="m_band" if weight_group_k(layer) is not None and split == 1 else "n_major")
+                  raster="m_band" if compose_a8.promoted_weight_group_k(layer) is not None and split == 1
+                  else "n_major")
     return deepest(layer, target, fields)
 
 
