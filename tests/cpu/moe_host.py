@@ -17,7 +17,10 @@ CXX = shutil.which("g++") or shutil.which("c++")
 
 HOST_PRELUDE = """#include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
+using std::max;
+using std::min;
 #define __device__
 #define __forceinline__ inline
 typedef unsigned int u32;
