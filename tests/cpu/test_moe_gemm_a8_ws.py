@@ -46,7 +46,7 @@ def _source(scheme: str, compute: ComputeConfig = WEIGHTED, block_m: int = 128, 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_a8_ws_moe_kernels_compile_without_spills(scheme: str) -> None:
-    """Every MoE bucket's kernel (token tiles 8 .. 128) with the router weight and bias, and the largest tile without."""
+    """Every MoE bucket's kernel (token tiles 8 .. 128) with router weight and bias, and the largest tile without."""
     plans = _plans(_layer(scheme)) + _plans(_layer(scheme, bias=False), ComputeConfig(gemm="indexed"), (128,))
     assert [p.tuning.block_m for p in plans] == [bm for _, bm in MOE_BUCKETS] + [128]
     for kernel in build_many(plans):

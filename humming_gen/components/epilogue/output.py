@@ -131,7 +131,7 @@ class StoreOutput(Component):
             gated_value += " * weights[mt][j]"
         gate_suffix = (" * scale_gate" if self.out_scale else "") + token + (" + bias_gate" if self.bias else "")
         up_suffix = (" * scale_up" if self.out_scale else "") + token + (" + bias_up" if self.bias else "")
-        if self.tile_rows:  # per (n tile, half) column scales and biases; one row, router weight and token scale in hand
+        if self.tile_rows:  # per (n tile, half) column scales and biases; a row, its router weight and token scale
             token = {"": "", "token": " * token_scale", "tensor": " * a_scale"}[self.token_scale]
             value = ("acc[nt][mt][2 * half + j]" + (" * scales[nt][half]" if self.out_scale else "") + token
                      + (" + biases[nt][half]" if self.bias else ""))

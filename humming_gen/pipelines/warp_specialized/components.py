@@ -173,7 +173,7 @@ class WarpSpecializedA8Pipeline(Component):
                 "group_scales": self.weight_groups or self.activation_groups,
                 # MoE: the expert's weight tensors, and the activation row a token's group scales are read from
                 "params": "for_expert(p, tc.expert)" if self.moe else "p", "grouped": False,
-                "a_row": "row" if self.moe else "m", "a_valid": "row >= 0" if self.moe else "m < p.m",
+                "a_scale_row": "row" if self.moe else "m", "a_scale_valid": "row >= 0" if self.moe else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
                 "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
                 "a_origin": "activation codes and scales come from the previous kernel"}

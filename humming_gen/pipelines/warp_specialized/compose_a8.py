@@ -177,7 +177,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
     # MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or the gated
-    # activation of GEMM1, one 8-token m tile at a time (tile_rows: all 16 m tiles' rows beside the accumulators would spill)
+    # activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators spill)
     epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
                                 bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
                                 fragment_store=t.split_k > 1, row_map=moe, topk_weight=compute.topk_weight,
