@@ -101,8 +101,9 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
     `standard` (each GEMM's standard-pipeline plan) in the buckets below WS_MOE_FROM_ROWS and the warp-specialized
     MoE buckets (pipelines.warp_specialized.heuristics.MOE_BUCKETS) from it on, where that pipeline serves every GEMM
-    (sm_90a, 16-bit activations, group sizes that are multiples of 16); else `standard`. Every GEMM gets the same
-    bucket bounds and token tiles from the same pipeline, so one moe_align routing serves them all.
+    (sm_90a; 16-bit activations with group sizes that are multiples of 16, or int8 x int8 / fp8 x fp8 8-bit
+    activations); else `standard`. Every GEMM gets the same bucket bounds and token tiles from the same pipeline, so
+    one moe_align routing serves them all.
 
     pipeline: None (that choice), "standard" (`standard` as given) or "warp_specialized" (every bucket; ValueError
     naming why where the pipeline cannot serve a GEMM)."""

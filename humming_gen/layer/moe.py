@@ -79,8 +79,8 @@ class QuantMoE(torch.nn.Module):
 
     Kernels: indexed GEMMs, one pair per bucket of expected rows per expert (M * top_k / E), all compiled at
     construction; no host synchronisation in forward (routing counts stay on the GPU). The standard pipeline serves
-    every bucket, except on sm_90a with 16-bit activations, where the warp-specialized pipeline takes the buckets
-    from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
+    every bucket, except on sm_90a (16-bit or 8-bit activations), where the warp-specialized pipeline takes the
+    buckets from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
     "standard" or "warp_specialized" puts every bucket on one pipeline (ValueError where it cannot serve them).
     fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
     tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.

@@ -396,11 +396,11 @@ def test_error_split_k_and_layout() -> None:
 
 def test_error_lists_every_reason_once() -> None:
     tuning = TuningConfig(pipeline="warp_specialized", block_m=64, block_n=128, block_k=64, warps_n=1, split_k=100)
-    msg = _compose_error(layer=LayerConfig(4096, 4096, "w4a8-int4-g128-fp8"), compute=ComputeConfig(gemm="indexed"),
-                         tuning=tuning)
+    msg = _compose_error(layer=LayerConfig(4096, 4096, "w4a8-int4-g128-fp8"),
+                         compute=ComputeConfig(epilogue_activation="silu_mul"), tuning=tuning)
     lines = msg.splitlines()[1:]
     assert len(lines) == len(set(lines)) >= 4
-    for needle in ("tuning.mma", "compute.gemm", "tuning.block_k", "tuning.split_k"):
+    for needle in ("tuning.mma", "compute.epilogue_activation", "tuning.block_k", "tuning.split_k"):
         assert sum(needle in line for line in lines) == 1, needle
 
 

@@ -5,9 +5,6 @@ pipeline QuantMoE's buckets take (heuristics.moe_tunings) on sm_90a and sm_89.""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import attrs
 import pytest
 import torch
@@ -15,22 +12,20 @@ import torch
 import humming_gen as hg
 import humming_gen.kernel
 from humming_gen.codegen import ComposeError, compose
-from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings, moe_tunings
 from humming_gen.kernel import build_many
 from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.common import RENDERED_SYMBOLS, missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
-from humming_gen.reference.moe import moe_align_reference
 from humming_gen.targets import get_target
+from moe_host import CXX, check_schedule_and_gather
 from symbols import defined, used
 
 SM90 = get_target("sm_90a")
 WEIGHTED = ComputeConfig(gemm="indexed", topk_weight=True)
 SCHEMES = {"int4-g128": "w4a16-int4-g128", "mxfp4": "w4a16-mxfp4", "int8-channel": "w8a16-int8-channel",
            "uint4-g128-zp": "w4a16-int4-g128-zp"}
-CXX = shutil.which("g++") or shutil.which("c++")
 
 
 def _layer(scheme: str, n: int = 1024, k: int = 2048, bias: bool = True, **kwargs) -> LayerConfig:
@@ -126,9 +121,6 @@ def test_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
                 SM90)
     with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
         compose(layer, ComputeConfig(), tuning, SM90)
-    a8 = LayerConfig(n=1024, k=2048, scheme="w8a8-fp8-channel", num_experts=8)  # 8-bit MoE: standard pipeline
-    with pytest.raises(ComposeError, match="compute.gemm='indexed'"):
-        compose(a8, WEIGHTED, choose_tunings(attrs.evolve(a8, num_experts=1), SM90).for_m(4096), SM90)
     with pytest.raises(ComposeError, match="lacks 'wgmma'"):
         compose(layer, WEIGHTED, tuning, get_target("sm_89"))
 
@@ -158,9 +150,9 @@ def test_moe_tunings_take_warp_specialized_buckets_from_17_rows_per_expert_on_sm
         assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
         assert moe_tunings(standard, layers, computes, target, pipeline="standard") == standard
     # where the warp-specialized pipeline cannot serve a GEMM, every bucket stays standard (or, forced, it is refused)
-    for scheme in ("w8a8-fp8-channel", hg.QuantScheme("int4", group_size=40)):
-        layers = [attrs.evolve(layer, scheme=hg.scheme(scheme) if isinstance(scheme, str) else scheme)
-                  for layer in _moe_layers("int4-g128")[0]]
+    # (8-bit activations: tests/cpu/test_moe_gemm_a8_ws.py)
+    for scheme in (hg.QuantScheme("int4", group_size=40),):
+        layers = [attrs.evolve(layer, scheme=scheme) for layer in _moe_layers("int4-g128")[0]]
         standard = [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
         assert moe_tunings(standard, layers, computes, SM90) == standard
         with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
@@ -199,26 +191,6 @@ def test_quant_moe_pipelines_per_bucket_on_sm_90a_and_sm_89() -> None:
         QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_89", device="cpu", pipeline="warp_specialized")
 
 
-HOST_PRELUDE = """#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#define __device__
-#define __forceinline__ inline
-typedef unsigned int u32;
-typedef unsigned short u16;
-struct Dim { unsigned x; } threadIdx;
-struct Params { const void* sorted_ids; const void* expert_ids; const void* num_tokens_post_pad; int m; int top_k; };
-// the producer's 128 threads run one after another: a shuffle reads the register of the lane it names from each
-// thread's gather_rows results (src is the array load_a_stage shuffles)
-std::vector<std::vector<int>> lane_src;
-#define __shfl_sync(mask, value, lane) lane_src[threadIdx.x / 32 * 32 + (lane)][&(value) - &src[0]]
-// cp.async: smem offset, source element (from a base of 0), bytes
-void cp_async_16(u32 dst, const void* src, int bytes) {
-  printf("copy %u %ld %d\\n", dst, (long)((const u16*)src - (const u16*)0), bytes);
-}
-"""
-
-
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 @pytest.mark.parametrize("block_m", [8, 32, 128])
 def test_ws_moe_schedule_and_row_gather_on_the_host(block_m: int, tmp_path) -> None:
@@ -226,78 +198,4 @@ def test_ws_moe_schedule_and_row_gather_on_the_host(block_m: int, tmp_path) -> N
     moe_align's routing: the units cover every (routed m block, n tile) once with its expert, and every 16-byte
     chunk of the activation tile is copied once, from row sorted_ids[m0 + r] / top_k (zero-filled for padding)."""
     plan = _plans(_layer("int4-g128", n=640, k=200), block_ms=(block_m,))[0]
-    c = {name: value for name, value, _ in plan.constants}
-    parts = [next(x for x in plan.components if type(x).__name__ == name)
-             for name in ("MoeIndexedPersistentSchedule", "ATileSw128CpAsync")]
-    body = "".join(environment().get_template(x.template).render(**x.context()) for x in parts)
-    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
-    cfg += "constexpr int kProducerThreads = 128;\n" if "kProducerThreads" not in c else ""
-    main = """
-int main(int argc, char** argv) {
-  const int m = atoi(argv[1]), top_k = atoi(argv[2]), blocks = atoi(argv[3]), k0 = atoi(argv[4]);
-  std::vector<int> sorted_ids(blocks * cfg::kBlockM), expert_ids(blocks);
-  int routed;
-  for (int& v : sorted_ids) scanf("%d", &v);
-  for (int& v : expert_ids) scanf("%d", &v);
-  scanf("%d", &routed);
-  Params p{sorted_ids.data(), expert_ids.data(), &routed, m, top_k};
-  const int units = unit_count(p);
-  printf("units %d\\n", units);
-  for (int u = 0; u < units; ++u) {
-    const TileCoord tc = unit_coord(p, u);
-    printf("unit %d %d %d %d %d\\n", tc.n0, tc.m0, tc.kt_begin, tc.kt_end, tc.expert);
-    if (tc.n0 != 0) continue;  // the gather of each m block, once
-    lane_src.assign(cfg::kProducerThreads, std::vector<int>(kAGatherRegs));
-    for (threadIdx.x = 0; threadIdx.x < cfg::kProducerThreads; ++threadIdx.x) {
-      int regs[kAGatherRegs];
-      gather_rows(regs, p, tc.m0);
-      for (int j = 0; j < kAGatherRegs; ++j) lane_src[threadIdx.x][j] = regs[j];
-    }
-    for (threadIdx.x = 0; threadIdx.x < cfg::kProducerThreads; ++threadIdx.x) {
-      int src[kAGatherRegs];
-      for (int j = 0; j < kAGatherRegs; ++j) src[j] = lane_src[threadIdx.x][j];
-      load_a_stage(0, (const u16*)0, 1000, src, k0);
-    }
-  }
-  return 0;
-}
-"""
-    source = tmp_path / "gather.cpp"
-    source.write_text(HOST_PRELUDE + "namespace cfg {\n" + cfg + "}\n" + body + main)
-    exe = tmp_path / "gather"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(source)], check=True, capture_output=True)
-    torch.manual_seed(block_m)
-    m_tokens, top_k, experts, lda = 37, 3, 8, 1000
-    ids = torch.randint(0, experts, (m_tokens, top_k), dtype=torch.int32)
-    ids[0, 0] = ids[5, 2] = -1  # skipped assignments
-    r = moe_align_reference(ids, experts, block_m)
-    routed = int(r.num_tokens_post_pad)
-    for k0 in (0, 128):  # the second k tile reaches past K = 200: columns at or past K are zero-filled
-        blocks = r.expert_ids.numel()
-        stdin = " ".join(map(str, r.sorted_ids.tolist() + r.expert_ids.tolist() + [routed]))
-        out = subprocess.run([str(exe), str(m_tokens * top_k), str(top_k), str(blocks), str(k0)], input=stdin,
-                             check=True, capture_output=True, text=True).stdout.splitlines()
-        units = [tuple(map(int, line.split()[1:])) for line in out if line.startswith("unit ")]
-        assert int(out[0].split()[1]) == len(units) == c["kNTiles"] * routed // block_m
-        assert sorted((n0, m0) for n0, m0, *_ in units) == sorted(
-            (n * c["kBlockN"], b * block_m) for b in range(routed // block_m) for n in range(c["kNTiles"]))
-        assert all(e == int(r.expert_ids[m0 // block_m]) >= 0 and (kb, ke) == (0, c["kKTiles"])
-                   for _, m0, kb, ke, e in units)
-        copies = [tuple(map(int, line.split()[1:])) for line in out if line.startswith("copy ")]
-        assert len(copies) == routed // block_m * block_m * c["kBlockK"] // 8
-        seen = {}
-        for unit, start in enumerate(range(0, len(copies), block_m * c["kBlockK"] // 8)):
-            m0 = unit * block_m
-            for dst, src, nbytes in copies[start:start + block_m * c["kBlockK"] // 8]:
-                assert dst not in seen.setdefault(m0, set())
-                seen[m0].add(dst)
-                panel, rest = divmod(dst, c["kBlockM"] * 128)
-                row, byte = divmod(rest, 128)
-                chunk = panel * 8 + ((byte // 16) ^ (row % 8))
-                assignment = int(r.sorted_ids[m0 + row])
-                gk = k0 + chunk * 8
-                if assignment >= m_tokens * top_k or gk >= c["kKA"]:
-                    assert nbytes == 0, (m0, row, chunk)
-                else:
-                    assert nbytes == 16 and src == assignment // top_k * lda + gk, (m0, row, chunk)
-            assert len(seen[m0]) == block_m * c["kBlockK"] // 8
+    check_schedule_and_gather(plan, tmp_path, seed=block_m)

@@ -1,6 +1,7 @@
-"""QuantMoE and its MoE GEMMs with 8-bit activations (W8A8, W4A8: mma.sync m16n8k32) on the GPU against the
-float64 references, for the presets w8a8-fp8-channel, w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8 and
-w4a8-int4-g128-int8.
+"""QuantMoE and its MoE GEMMs with 8-bit activations (W8A8, W4A8) on the standard pipeline (mma.sync m16n8k32: every
+bucket, pipeline="standard") on the GPU against the float64 references, for the presets w8a8-fp8-channel,
+w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8 and w4a8-int4-g128-int8. The warp-specialized buckets (sm_90a,
+from 17 rows per expert on by default) are tests/gpu/test_quant_moe_a8_ws.py's.
 
 The references quantize both GEMM inputs with the scheme's ActivationScheme (`quantize(.).dequantize()`, which
 humming_gen.quantize_activation matches bit for bit): x, and GEMM2's input, the gated activation. Every output the
@@ -49,7 +50,7 @@ def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool
     b13 = (torch.randn(e, 2 * I, device="cuda") * 0.1).to(dtype) if biases else None
     b2 = (torch.randn(e, H, device="cuda") * 0.1).to(dtype) if biases else None
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=activation, gate_up_layout=layout, bias13=b13, bias2=b2,
-                                     dtype=dtype, fused_activation=fused)
+                                     dtype=dtype, fused_activation=fused, pipeline="standard")
     kernels = [k.kernel for pair in moe._launchers for k in pair]
     assert {k.plan.tuning.mma for k in kernels} == {"m16n8k32"}, preset
     return moe, q13, q2, b13, b2

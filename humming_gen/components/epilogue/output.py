@@ -79,9 +79,10 @@ class StoreOutput(Component):
     topk_weight: bool = option_field()
     # MoE GEMM1: gate and up rows interleaved by 8 in each 16-row tile; the store writes act(gate, up) (N / 2 columns)
     gated: str = option_field("")
-    # MoE: the rows of c (and router weights) are looked up one 8-token m tile at a time inside the store loop, the
-    # column scales and biases read once before it, instead of every tile's rows first: a warp-specialized consumer
-    # holds up to 16 m tiles beside its accumulators, whose 64 more live registers would spill
+    # MoE: the rows of c (and router weights, per-token activation scales) are looked up one 8-token m tile at a time
+    # inside the store loop, the column scales and biases read once before it, instead of every tile's rows first: a
+    # warp-specialized consumer holds up to 16 m tiles beside its accumulators, whose 64 more live registers would
+    # spill
     tile_rows: bool = option_field()
 
     def __attrs_post_init__(self) -> None:
@@ -97,8 +98,8 @@ class StoreOutput(Component):
             raise ValueError("StoreOutput.topk_weight needs row_map (an MoE kernel)")
         if self.token_scale not in ("", "token", "tensor"):
             raise ValueError(f"StoreOutput.token_scale must be '', 'token' or 'tensor', got {self.token_scale!r}")
-        if self.tile_rows and (not self.row_map or self.token_scale):
-            raise ValueError("StoreOutput.tile_rows needs row_map (MoE) and is generated without token scales")
+        if self.tile_rows and not self.row_map:
+            raise ValueError("StoreOutput.tile_rows needs row_map (MoE)")
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -130,13 +131,15 @@ class StoreOutput(Component):
             gated_value += " * weights[mt][j]"
         gate_suffix = (" * scale_gate" if self.out_scale else "") + token + (" + bias_gate" if self.bias else "")
         up_suffix = (" * scale_up" if self.out_scale else "") + token + (" + bias_up" if self.bias else "")
-        if self.tile_rows:  # per (n tile, half) column scales and biases; one row and router weight in hand
-            value = ("acc[nt][mt][2 * half + j]" + (" * scales[nt][half]" if self.out_scale else "")
+        if self.tile_rows:  # per (n tile, half) column scales and biases; a row, its router weight and token scale
+            token = {"": "", "token": " * token_scale", "tensor": " * a_scale"}[self.token_scale]
+            value = ("acc[nt][mt][2 * half + j]" + (" * scales[nt][half]" if self.out_scale else "") + token
                      + (" + biases[nt][half]" if self.bias else ""))
             value = f"({value}) * weight" if self.topk_weight else value
             gated_value = "gated_activation(gate, up)" + (" * weight" if self.topk_weight else "")
-            gate_suffix = (" * scale_gate[nt]" if self.out_scale else "") + (" + bias_gate[nt]" if self.bias else "")
-            up_suffix = (" * scale_up[nt]" if self.out_scale else "") + (" + bias_up[nt]" if self.bias else "")
+            gate_suffix = ((" * scale_gate[nt]" if self.out_scale else "") + token
+                           + (" + bias_gate[nt]" if self.bias else ""))
+            up_suffix = (" * scale_up[nt]" if self.out_scale else "") + token + (" + bias_up[nt]" if self.bias else "")
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
                 "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,

@@ -175,6 +175,16 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
     return tuple(out)
 
 
+def expert_bytes(layer: LayerConfig, n_pad: int) -> dict[str, int]:
+    """Bytes of one expert's slice of each stacked tensor a kernel with 8-bit activations may read (the packed
+    weight: a byte or a nibble per code; fp32 group and column scales; the bias), as layer.moe.prepare_moe_weight
+    stacks them. Both pipelines read the same packed layout, so they rebase an expert alike."""
+    k_pad = padded_k(layer)
+    g = weight_group_k(layer)
+    return {"b": n_pad * k_pad // (2 if nibble_order(layer) else 1),
+            "b_scale": (math.ceil(k_pad / g) if g else 0) * n_pad * 4, "out_scale": n_pad * 4, "bias": layer.n * 2}
+
+
 def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8, n_pad: int) -> WeightLayout:
     g = weight_group_k(layer)
     k_pad = padded_k(layer)
@@ -237,11 +247,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 token_scale="" if agroups else a.granularity, row_map=gather,
                                 topk_weight=compute.topk_weight, gated=compute.epilogue_activation or ""))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
-    b_stride = k_pad // t.block_k * b_layout.stage_bytes(t.warps_k)  # bytes of one n block of the packed weight
-    group_rows = math.ceil(k_pad / weight_group_k(layer)) if wgroups else 0
-    expert_bytes = {"b": n_pad // t.block_n * b_stride, "b_scale": group_rows * n_pad * 4, "out_scale": n_pad * 4,
-                    "bias": layer.n * 2}
-    experts = expert_tensors(args(layer, False), expert_bytes) if moe else ()
+    per_expert = expert_bytes(layer, n_pad)
+    experts = expert_tensors(args(layer, False), per_expert) if moe else ()
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + moe_name_suffix(compute))
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
@@ -256,6 +263,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         raise compose_error(reasons)
 
     k_tiles = math.ceil(layer.k / t.block_k)
+    b_stride = k_pad // t.block_k * b_layout.stage_bytes(t.warps_k)  # bytes of one n block of the packed weight
     constants = constants_table(layer, n_pad, k_pad) + [
         ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),
         ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
@@ -274,7 +282,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                       ("kActivationGroups", math.ceil(layer.k / activation_group_k(layer)),
                        "activation scale groups per token")]
     constants += split_k_constants(t)
-    constants += [(constant, expert_bytes[name], f"bytes of one expert's {name}") for name, constant in experts]
+    constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if moe else []
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,

@@ -22,10 +22,6 @@ class ATileSw128CpAsync(Component):
     bytes: int = option_field(2)  # per element: 16-bit activations, or 8-bit codes (humming_gen.quantize_activation)
     gather: bool = option_field()  # MoE (indexed): rows gathered through the routing's sorted assignments
 
-    def __attrs_post_init__(self) -> None:
-        if self.gather and self.bytes != 2:
-            raise ValueError("ATileSw128CpAsync.gather is generated for 16-bit activations")
-
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         gather = {"kARowsPerThread", "kAGatherRegs", "gather_rows"} if self.gather else set()
@@ -119,7 +115,6 @@ class WarpSpecializedA8Pipeline(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/skeleton_a8.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
-    provides: ClassVar[frozenset[str]] = frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"})
     kernel_name: str
     weight: str           # weight and activation formats (the header comment)
     activation: str
@@ -134,6 +129,13 @@ class WarpSpecializedA8Pipeline(Component):
     split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
     long_k: bool = option_field()  # int8 with K past 2^16: s32 partial sums promoted every stage (overflow)
     fold: bool = option_field()  # folded group scales: the widening adds the rows' exponent deltas (exponent_fold)
+    # MoE (indexed), as WarpSpecializedPipeline.expert_tensors: the units are routed m blocks whose rows (codes and
+    # activation scales) are gathered and scattered through the routing
+    expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_tensors)
 
     @property
     def promote_in_loop(self) -> bool:
@@ -145,6 +147,10 @@ class WarpSpecializedA8Pipeline(Component):
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
                 + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -160,6 +166,7 @@ class WarpSpecializedA8Pipeline(Component):
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
@@ -168,6 +175,9 @@ class WarpSpecializedA8Pipeline(Component):
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
+                # MoE: the expert's weight tensors, and the activation row a token's group scales are read from
+                "params": "for_expert(p, tc.expert)" if self.moe else "p", "grouped": False,
+                "a_scale_row": "row" if self.moe else "m", "a_scale_valid": "row >= 0" if self.moe else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
-                "moe": False, "consumer_warpgroups": 2, "a_type": "unsigned char",
+                "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
                 "a_origin": "activation codes and scales come from the previous kernel"}

@@ -45,8 +45,8 @@ PRODUCER_REGISTERS = 40
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
-# MoE gemm types generated with 16-bit activations: indexed (rows gathered and scattered through moe_align's routing,
-# one expert per m block). The grouped layouts stay on the standard pipeline.
+# MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
+# routing, one expert per m block). The grouped layouts stay on the standard pipeline.
 MOE_GEMMS = ("indexed",)
 
 
@@ -154,9 +154,15 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
-def moe_tuning_reasons(tuning: TuningConfig) -> list[str]:
-    """What an indexed MoE kernel needs of the tuning beyond a dense one (split-K: pipelines.standard.moe)."""
-    rows_per_pass = PRODUCER_THREADS * 8 // tuning.block_k  # producer threads over a row's 16-byte chunks
+def gathered_rows_per_pass(block_k: int, element_bytes: int) -> int:
+    """Rows of an MoE activation tile the producer gathers per pass: its threads over a row's 16-byte chunks."""
+    return PRODUCER_THREADS * (16 // element_bytes) // block_k
+
+
+def moe_tuning_reasons(tuning: TuningConfig, element_bytes: int = 2) -> list[str]:
+    """What an indexed MoE kernel needs of the tuning beyond a dense one (split-K: pipelines.standard.moe), with
+    activations of `element_bytes` (2, or 1 for 8-bit codes)."""
+    rows_per_pass = gathered_rows_per_pass(tuning.block_k, element_bytes)
     if tuning.block_m % rows_per_pass:
         return [f"tuning.block_m={tuning.block_m}: gathered MoE rows come {rows_per_pass} per producer pass with "
                 f"block_k={tuning.block_k}; use a multiple of {rows_per_pass}"]

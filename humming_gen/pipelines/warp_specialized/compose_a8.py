@@ -12,6 +12,11 @@ components.numeric.exponent_fold) are no promoted groups: the widened weights ca
 staged after each stage's weights, and the rows' factor multiplies the output with out_scale. fp8 partial sums are promoted at least every
 block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
 about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are exact s32 over the whole of K.
+
+MoE (indexed, as the 16-bit warp-specialized MoE and the standard 8-bit one): per-expert weights, scales and biases
+rebased per unit, rows of activation codes gathered through the routing by the producer, each token column's
+activation scales (per token in the epilogue, per group at promotion) those of the row its assignment reads,
+sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
 from humming_gen.components.numeric.exponent_fold import STEP_K, ExponentFold
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import PersistentSchedule
+from humming_gen.components.schedule.dense import MoeIndexedPersistentSchedule, PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.config.tuning import BAND_M
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
@@ -37,7 +42,8 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
                                           missing_features, missing_symbols, padded_k, split_k_constants,
                                           split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
-from humming_gen.pipelines.warp_specialized.compose import ring_reasons
+from humming_gen.pipelines.standard.moe import expert_tensors, moe_name_suffix, moe_reasons
+from humming_gen.pipelines.warp_specialized.compose import MOE_GEMMS, moe_tuning_reasons, ring_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedA8Pipeline,
                                                                WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
@@ -142,12 +148,26 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
+def a8_moe_tuning_reasons(tuning: TuningConfig) -> list[str]:
+    """What an indexed MoE kernel with 8-bit activations needs of the tuning beyond a dense one."""
+    reasons = moe_tuning_reasons(tuning, element_bytes=1)
+    if tuning.raster != "n_major":
+        reasons.append(f"tuning.raster={tuning.raster!r}: MoE units walk each routed m block's n tiles ('n_major')")
+    return reasons
+
+
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
     """The components of one warp-specialized kernel with 8-bit activations; ComposeError lists what is off."""
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
-    reasons = (common_reasons(layer, compute, target, quantized_activations=True) + standard_a8.scheme_reasons(layer)
-               + operand_reasons(layer) + tuning_reasons(t))
+    moe = compute.gemm in MOE_GEMMS
+    reasons = (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=MOE_GEMMS)
+               + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
+               + moe_reasons(layer, compute, t))
+    reasons += a8_moe_tuning_reasons(t) if moe else []
+    if moe and layer.fold_scales:
+        reasons.append("fold_scales=True with an MoE gemm: the MoE kernels read the promoted group scales (QuantMoE "
+                       "does not fold)")
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -164,28 +184,37 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1),
+    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=moe),
                                WeightStageBulk(group_params=(), exponents=fold)]
     if wgroups:  # (activation group scales are read by the skeleton, a token pair at a time)
         memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
-    schedule: list[Component] = [PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1)]
+    schedule: list[Component] = [MoeIndexedPersistentSchedule() if moe else
+                                 PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
+    # MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or the gated
+    # activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators spill)
     epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold,
                                 bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
-                                fragment_store=t.split_k > 1))
+                                fragment_store=t.split_k > 1, row_map=moe, topk_weight=compute.topk_weight,
+                                gated=compute.epilogue_activation or "", tile_rows=moe))
+    n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
+    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
+    per_expert = standard_a8.expert_bytes(layer, n_pad)
+    experts = expert_tensors(standard_a8.args(layer, False), per_expert) if moe else ()
     pdl = target.has("pdl")
-    suffix = f"_ws_q{standard_a8.activation_name(layer)}" + ("_fold" if fold else "")  # fold: folded group scales
-    name = kernel_name(layer, t, target, suffix=suffix)
+    suffix = f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
+    name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
-                                         split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold)
+                                         split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
+                                         expert_tensors=experts)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -196,7 +225,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if reasons:
         raise compose_error(reasons)
 
-    n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     k_pad = padded_k(layer)
     pk = promote_k(layer, t.block_k)
     threads = PRODUCER_THREADS * (1 + WARPGROUPS)
@@ -229,10 +257,16 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         g = standard_a8.activation_group_k(layer)
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
+    if moe and agroups:
+        constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
+                          "activation row of each token of the unit, one per 32 tokens"))
+    constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
     launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
-                              slots=target.sm_count)
+                              slots=target.sm_count, experts=layer.num_experts if moe else 1,
+                              moe_gemm=compute.gemm if moe else "")
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=standard_a8.args(layer, t.split_k > 1, fold=fold), layout=standard_a8.weight_layout(layer, layout, n_pad),
+                      args=standard_a8.args(layer, t.split_k > 1, compute, fold=fold),
+                      layout=standard_a8.weight_layout(layer, layout, n_pad),
                       group=None, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

@@ -2,8 +2,9 @@
 
 Every bucket reads the shared weight layout (so a layer keeps one packed weight), uses two consumer warpgroups
 and 256-row tiles; buckets differ in the token tile (16 to 128, 176 for the open-ended one), split-K and stages.
-With 8-bit activations (tuning_for_a8) tiles are 128 rows and up to 192 tokens; MoE GEMMs have their own buckets
-(choose_moe_tunings). humming_gen.heuristics.choose decides from which bucket on the layer takes them.
+With 8-bit activations (tuning_for_a8) tiles are 128 rows and up to 192 tokens; MoE GEMMs (16-bit or 8-bit
+activations) have their own buckets (choose_moe_tunings). humming_gen.heuristics.choose decides from which bucket
+on the layer takes them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
-from humming_gen.pipelines.warp_specialized.compose import BLOCK_N, LAYOUT_BLOCK_N, shared_memory
+from humming_gen.pipelines.warp_specialized.compose import (BLOCK_N, LAYOUT_BLOCK_N, gathered_rows_per_pass,
+                                                            shared_memory)
 from humming_gen.targets import Target
 
 MAX_STAGES = 8
@@ -93,14 +95,16 @@ MOE_BUCKETS = ((8, 8), (16, 16), (32, 32), (64, 64), (None, 128))
 
 def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int) -> TuningConfig:
     """The tuning of an indexed MoE GEMM with `block_m` tokens per tile."""
+    if layer.scheme.activation is not None:
+        return moe_tuning_for_a8(layer, target, block_m)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", split_k=1)
     return deepest(layer, target, fields)
 
 
 def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
-    """One tuning per bucket of expected rows per expert (MOE_BUCKETS) for an indexed MoE GEMM of 16-bit
-    activations."""
+    """One tuning per bucket of expected rows per expert (MOE_BUCKETS) for an indexed MoE GEMM (16-bit or 8-bit
+    activations)."""
     return TuningPlan(tuple((m_max, moe_tuning_for(layer, target, block_m)) for m_max, block_m in MOE_BUCKETS))
 
 
@@ -139,6 +143,23 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
                   b_load="tma", scale_load="tma", split_k=split,
                   raster="m_band" if compose_a8.promoted_weight_group_k(layer) is not None and split == 1
                   else "n_major")
+    return deepest(layer, target, fields)
+
+
+def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int) -> TuningConfig:
+    """The tuning of an indexed MoE GEMM with 8-bit activations and `block_m` tokens per tile: the dense 8-bit
+    kernels' 128-row tiles and 128-k stages, except that an 8-token tile takes 256-k stages (the producer gathers
+    16 rows of 128 codes per pass, 8 of 256). Tokens per tile as the 16-bit MoE buckets (MOE_BUCKETS), capped at 32
+    where activation group scales are promoted several times a stage (MXFP8's groups of 32: the dense buckets' 64
+    tokens spill beside the lookups of each token's activation row)."""
+    from humming_gen.pipelines.standard.compose_a8 import activation_group_k
+
+    block_k = next(k for k in (A8_BLOCK_K, 2 * A8_BLOCK_K) if block_m % gathered_rows_per_pass(k, 1) == 0)
+    if compose_a8.promote_k(layer, block_k) < block_k and activation_group_k(layer) is not None:
+        block_m = min(block_m, 32)
+    fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
+                  block_k=block_k, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
+                  b_load="tma", scale_load="tma", split_k=1)
     return deepest(layer, target, fields)
 
 

@@ -1,0 +1,267 @@
+"""Indexed MoE GEMMs with 8-bit activations on the warp-specialized pipeline (sm_90a) on the CPU: NVRTC compilation
+without spills for each scheme, the gated and router-weight epilogues, the generated gather of activation codes
+(producer) and of their per-token / per-group scales (consumers) through the routing, the shuffled activation-row
+lookup emulated from the source, the schedule and code gather compiled for the host, the stacked expert strides,
+refusals, and which pipeline QuantMoE's buckets take (heuristics.moe_tunings)."""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.codegen import ComposeError, compose
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings, moe_tunings
+from humming_gen.kernel import build_many, generate
+from humming_gen.layer.moe import QuantMoE, prepare_moe_weight
+from humming_gen.pipelines.common import RENDERED_SYMBOLS, missing_symbols
+from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
+from humming_gen.targets import get_target
+from moe_host import CXX, check_schedule_and_gather
+from symbols import defined, used
+
+SM90 = get_target("sm_90a")
+WEIGHTED = ComputeConfig(gemm="indexed", topk_weight=True)
+# the four schemes of the brief, W4A8 int4 x int8, and per-tensor fp8 (a static or dynamic scale per tensor)
+SCHEMES = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-int8-channel", "w4a8-int4-g128-int8",
+           "w8a8-fp8-tensor")
+
+
+def _layer(scheme: str, n: int = 1024, k: int = 2048, bias: bool = True, experts: int = 8) -> LayerConfig:
+    return LayerConfig(n=n, k=k, scheme=scheme, num_experts=experts, has_bias=bias)
+
+
+def _plans(layer: LayerConfig, compute: ComputeConfig = WEIGHTED, block_ms=None):
+    return [compose(layer, compute, t, SM90) for _, t in choose_moe_tunings(layer, SM90).buckets
+            if block_ms is None or t.block_m in block_ms]
+
+
+def _source(scheme: str, compute: ComputeConfig = WEIGHTED, block_m: int = 128, **kwargs) -> str:
+    return generate(_plans(_layer(scheme, **kwargs), compute, block_ms=(block_m,))[0], "nvrtc")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a8_ws_moe_kernels_compile_without_spills(scheme: str) -> None:
+    """Every MoE bucket's kernel (token tiles 8 .. 128) with router weight and bias, and the largest tile without."""
+    plans = _plans(_layer(scheme)) + _plans(_layer(scheme, bias=False), ComputeConfig(gemm="indexed"), (128,))
+    assert [p.tuning.block_m for p in plans] == [bm for _, bm in MOE_BUCKETS] + [128]
+    for kernel in build_many(plans):
+        r = kernel.compiled.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+        assert kernel.plan.pipeline == "warp_specialized" and kernel.plan.tuning.mma == "wgmma"
+        assert kernel.name.endswith(("_moe_topkw", "_moe")) and "_ws_q" in kernel.name
+
+
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_mul", "swiglu_oai"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w4a8-mxfp4-fp8", "w8a8-int8-channel"])
+def test_a8_ws_gated_epilogue_compiles_and_scales_gate_and_up_by_the_token(scheme: str, activation: str) -> None:
+    compute = ComputeConfig(gemm="indexed", epilogue_activation=activation)
+    plans = _plans(_layer(scheme), compute, block_ms=(8, 128))
+    for kernel in build_many(plans):
+        assert kernel.compiled.resources["spill_store_bytes"] == 0, kernel.name
+    src = generate(plans[-1], "nvrtc")
+    gate_up = next(line for line in src.splitlines() if "const float gate = acc[nt][mt][j]" in line)
+    assert gate_up.count("* token_scale + bias_") == 2, gate_up  # (times the column scale first, where there is one)
+    assert "out_row[(n_base + nt * 16) / 2 + g] = from_float(gated_activation(gate, up));" in src
+    assert plans[-1].kernel_name.endswith("_moe_" + activation)
+
+
+def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -> None:
+    src = _source("w8a8-fp8-channel")
+    # the routed total and each unit's expert come from the routing, after the one wait for the previous kernel
+    body = src[src.index("__launch_bounds__(cfg::kThreads, 1)"):]
+    assert body.index("wait_for_previous_grid();") < body.index("unit_count(p)")
+    assert src.count("wait_for_previous_grid();") == 1 and "waited" not in src
+    assert src.count("if (tc.expert < 0) continue;") == 2  # producer and consumers skip the same units
+    # the producer rebases the stacked weights and gathers rows of codes, 16 codes per chunk, through sorted_ids
+    for field in ("b", "out_scale", "bias"):
+        assert f"p.{field} = static_cast<const char*>(p.{field}) + static_cast<long long>(expert) * cfg::" in src
+    assert "gather_rows(a_src, p, tc.m0);" in src and "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
+    assert ("load_a_stage(ring.stage(stage), static_cast<const unsigned char*>(p.a), p.lda, a_src, "
+            "kt * cfg::kBlockK);") in src
+    assert "const int gk = k0 + chunk * 16;" in src and "valid ? bytes : 0" in src
+    # each row's token scale is its activation row's (assignment / top_k), in the epilogue with the router weight
+    assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0);" in src
+    assert "const float token_scale = a_scale[row / p.top_k];" in src
+    assert ("from_float((acc[nt][mt][2 * half + j] * scales[nt][half] * token_scale + biases[nt][half]) * weight)"
+            in src)
+    assert "a_scale[m]" not in src and "a_rows" not in src
+    plan = _plans(_layer("w8a8-fp8-channel"), block_ms=(128,))[0]
+    # the same Params fields (so Launcher.moe binds it) and packed weight as the standard pipeline's A8 MoE kernels
+    standard = compose(plan.layer, WEIGHTED, attrs.evolve(choose_tunings(plan.layer, SM90, pipeline="standard")
+                                                          .for_m(1), split_k=1), SM90)
+    assert [a.name for a in plan.args] == [a.name for a in standard.args] and plan.layout == standard.layout
+    # the persistent grid covers the worst-case routing of m assignments, at most one CTA per SM
+    tiles = dict((name, value) for name, value, _ in plan.constants)["kNTiles"]
+    assert plan.launch.units(100) == tiles * -(-(100 + 8 * 127) // 128) and plan.grid(10**6)[0] == SM90.sm_count
+    per_tensor = _source("w8a8-fp8-tensor", bias=False)
+    assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in per_tensor
+    assert "(acc[nt][mt][2 * half + j] * scales[nt][half] * a_scale) * weight" in per_tensor
+
+
+def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:
+    """Per-group activation scales (DeepSeek's 1 x 128): looked up per unit through the routing, read at every
+    promotion with the expert's weight block scales; none in the epilogue."""
+    src = _source("w8a8-fp8-block128")
+    assert "a_rows[i] = assignment < p.m ? assignment / p.top_k : -1;" in src
+    assert ("a_scale[h] = row >= 0 ? a_scales[static_cast<long long>(row) * cfg::kActivationGroups + a_group] "
+            ": 0.0f;") in src
+    assert "load_weight_group_scales(w_scale, for_expert(p, tc.expert), n_base, group_k / cfg::kWeightGroupK);" in src
+    assert "p.b_scale = static_cast<const char*>(p.b_scale) + static_cast<long long>(expert) * cfg::" in src
+    assert "token_scale" not in src and "m < p.m" not in src
+    mx = _source("w8a8-mxfp8", block_m=32)  # e8m0 activation groups of 32
+    assert "const u32 e = row >= 0 ? a_scales[static_cast<long long>(row) * cfg::kActivationGroups + a_group]" in mx
+
+
+def _c_to_python(expr: str) -> str:
+    return expr.replace("/", "//").replace("threadIdx.x % 32", "lane").replace("threadIdx.x % 4", "t")
+
+
+@pytest.mark.parametrize("scheme,block_m", [("w8a8-fp8-block128", 16), ("w8a8-fp8-block128", 128),
+                                            ("w8a8-mxfp8", 32)])
+def test_activation_row_lookup_and_shuffles_pair_each_token_with_its_row(scheme: str, block_m: int) -> None:
+    """The consumers' lookup (lane, register) of each token's activation row and the shuffle of a promotion, both
+    taken from the generated source and evaluated for every lane: token column (j, t, h) = 8j + 2t + h of the tile
+    gets the row looked up for that token, and every token of the tile is looked up."""
+    src = _source(scheme, block_m=block_m)
+    consts = {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (\w+) = (\d+);", src)}
+    regs, m_tiles = consts["kActivationRowRegs"], consts["kWarpMTiles"]
+    token_of = re.search(r"const int r = (.+?);\n", src).group(1)  # the token lane `lane` looks up in register i
+    reg, lane_expr = re.search(r"__shfl_sync\(0xffffffffu, a_rows\[(.+?)\], (.+?)\);", src).groups()
+    looked_up = {}  # (lane, register) -> token
+    for lane in range(32):
+        for i in range(regs):
+            token = eval(_c_to_python(token_of), {"i": i, "lane": lane})
+            if token < block_m:
+                looked_up[(lane, i)] = token
+    assert sorted(looked_up.values()) == list(range(block_m))
+    for j in range(m_tiles):
+        for t in range(4):
+            for h in range(2):
+                env = {"j": j, "t": t, "h": h}
+                source = (eval(_c_to_python(lane_expr), env), eval(_c_to_python(reg), env))
+                assert looked_up.get(source) == 8 * j + 2 * t + h, (j, t, h, source)
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("block_m", [8, 32, 128])
+def test_a8_ws_moe_schedule_and_code_gather_on_the_host(block_m: int, tmp_path) -> None:
+    """The schedule and the producer's gather of 8-bit code rows (an 8-token tile takes 256-k stages: 8 rows of 16
+    chunks per pass) against moe_align's routing; K = 200 ends in a partly copied chunk."""
+    plan = _plans(_layer("w8a8-fp8-channel", n=640, k=200), block_ms=(block_m,))[0]
+    assert plan.tuning.block_k == (256 if block_m == 8 else 128)
+    check_schedule_and_gather(plan, tmp_path, seed=block_m)
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-int8-channel"])
+def test_stacked_expert_strides_are_the_kernel_constants(scheme: str) -> None:
+    torch.manual_seed(0)
+    plan = _plans(_layer(scheme, n=256, k=512, experts=3), block_ms=(32,))[0]
+    stacked = prepare_moe_weight(plan, hg.scheme(scheme).quantize(torch.randn(3, 256, 512) * 0.05), "cpu")
+    consts = {name: value for name, value, _ in plan.constants}
+    for name in ("b", "b_scale", "out_scale"):
+        t = getattr(stacked, name)
+        constant = "kExpert" + "".join(p.title() for p in name.split("_")) + "Bytes"
+        if t is None:
+            assert constant not in consts, name
+            continue
+        assert consts[constant] == t[0].numel() * t.element_size(), name
+    assert consts["kExpertBiasBytes"] == 256 * 2
+
+
+def test_a8_ws_symbol_declarations_match_the_source() -> None:
+    plans = (_plans(_layer("w8a8-fp8-block128"), block_ms=(8, 128))
+             + _plans(_layer("w4a8-mxfp4-fp8"), ComputeConfig(gemm="indexed", epilogue_activation="swiglu_oai"),
+                      block_ms=(64,))
+             + _plans(_layer("w8a8-mxfp8", bias=False), block_ms=(32,)))
+    for plan in plans:
+        assert missing_symbols(plan.components) == []
+        everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
+        for c in plan.components:
+            assert defined(c) - {plan.kernel_name} == set(c.provides), c.describe()
+            assert used(c, everything) == set(c.needs), c.describe()
+
+
+def test_a8_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
+    layer = _layer("w8a8-fp8-block128")
+    tuning = choose_moe_tunings(layer, SM90).for_m(1000)
+    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
+        compose(layer, WEIGHTED, attrs.evolve(tuning, split_k=2), SM90)
+    for gemm in ("grouped_masked", "grouped_contiguous"):  # grouped layouts stay on the standard pipeline
+        with pytest.raises(ComposeError, match="this pipeline generates 'dense', 'indexed' kernels"):
+            compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+    with pytest.raises(ComposeError, match="gathered MoE rows come 16 per producer pass with block_k=128"):
+        compose(layer, WEIGHTED, attrs.evolve(tuning, block_m=8), SM90)
+    with pytest.raises(ComposeError, match="MoE units walk each routed m block's n tiles"):
+        compose(layer, WEIGHTED, attrs.evolve(tuning, raster="m_band"), SM90)
+    with pytest.raises(ComposeError, match="not a multiple of 16"):
+        compose(_layer("w8a8-fp8-channel", n=1000), ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"),
+                tuning, SM90)
+    with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
+        compose(layer, ComputeConfig(), tuning, SM90)
+    with pytest.raises(ComposeError, match="lacks 'wgmma'"):
+        compose(layer, WEIGHTED, tuning, get_target("sm_89"))
+
+
+def _moe_layers(scheme: str) -> tuple[list[LayerConfig], list[ComputeConfig]]:
+    """DeepSeek's per-rank GEMMs, scaled down: gate/up (N = 2I, K = H) and down (N = H, K = I)."""
+    return [_layer(scheme, n=512, k=1024), _layer(scheme, n=1024, k=256)], [ComputeConfig(gemm="indexed"), WEIGHTED]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[:4])
+def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on_sm_90a(scheme: str) -> None:
+    layers, computes = _moe_layers(scheme)
+    for target in ("sm_90a", "sm_89"):
+        standard = [choose_tunings(layer, target, pipeline="standard") for layer in layers]
+        plans = moe_tunings(standard, layers, computes, target)
+        tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
+        assert tiles[0] == tiles[1]  # one routing per batch serves both GEMMs
+        if target == "sm_89":
+            assert plans == standard
+            with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
+                moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
+            continue
+        assert [m for m, _ in plans[0].buckets] == [8, 16, 32, 64, None]
+        assert [t.pipeline for _, t in plans[0].buckets] == ["standard"] * 2 + ["warp_specialized"] * 3
+        assert [bm for _, bm in tiles[0]] == [standard[0].for_m(8).block_m, standard[0].for_m(16).block_m, 32, 64, 128]
+        forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
+        assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
+        assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128, 128]
+        assert all(t.split_k == 1 and t.raster == "n_major" for plan in forced for _, t in plan.buckets)
+    mx = moe_tunings(standard, *_moe_layers("w8a8-mxfp8"), SM90, pipeline="warp_specialized")
+    assert [t.block_m for _, t in mx[0].buckets] == [8, 16, 32, 32, 32]  # promoted every 32 k: 64 tokens spill
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[:4])
+def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
+    torch.manual_seed(3)
+    w13, w2 = torch.randn(8, 2 * 128, 256) * 0.05, torch.randn(8, 256, 128) * 0.05
+    b13, b2 = torch.randn(8, 256), torch.randn(8, 256)
+    fused = scheme != "w8a8-fp8-block128"  # block scales cannot follow the gate/up tile order (QuantMoE refuses)
+    moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", bias13=b13, bias2=b2,
+                              activation="swiglu_oai", gate_up_layout="interleaved", fused_activation=fused)
+    assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
+    kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
+    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 3
+    assert moe.block_m(32, 8) == 32 and moe.block_m(33, 8) == 64 and moe.block_m(4096, 8) == 128  # rows per expert
+    assert all(g1.kernel.plan.compute.epilogue_activation == ("swiglu_oai" if fused else None)
+               for g1, _ in moe._launchers)
+    for g1, g2 in moe._kernels:
+        for kernel in (g1, g2):
+            r = kernel.resources
+            assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+    # one packed copy per GEMM serves both pipelines' kernels
+    assert len({g1.plan.layout for g1, _ in moe._kernels}) == 1 and len({g2.plan.layout for _, g2 in moe._kernels}) == 1
+    assert moe.launcher_for("w2", 4096, 128).kernel.plan.pipeline == "warp_specialized"
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "standard"
+    forced = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="warp_specialized")
+    assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
+    assert forced.block_ms == [8, 16, 32, 64, 128]
+    standard = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="standard")
+    assert {g.kernel.plan.tuning.mma for pair in standard._launchers for g in pair} == {"m16n8k32"}
+    with pytest.raises(ValueError, match="lacks 'wgmma'"):
+        QuantMoE.from_float(w13, w2, scheme, target="sm_89", device="cpu", pipeline="warp_specialized", strict=True)
