@@ -138,22 +138,16 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     static = static_scale is not None
     plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert)
 
-    ldq = plan.ldq(k)
+    codes = torch.empty((m, plan.ldq(k)), dtype=torch.uint8, device=device)
     groups = -(-k // scheme.group_size) if plan.group else 1
-    scale_rows = 0 if plan.tensor and static else 1 if plan.tensor else m
-    # codes and scales in one allocation (one allocator call less per forward): the scales start after the codes,
-    # 16-byte aligned since ldq is a multiple of 16
-    scale_bytes = scale_rows * groups * plan.scale_torch.itemsize
-    buffer = torch.empty(m * ldq + scale_bytes, dtype=torch.uint8, device=device)
-    codes = buffer[:m * ldq].view(m, ldq)
-    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": ldq, "m": m,
+    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": codes.shape[1], "m": m,
               "k": k, "groups": groups}
     global_scale = None
     if plan.tensor and static:
         scales = static_scale.reshape((1,) * x.dim()).to(torch.float32)
         values["tensor_scale"] = scales.data_ptr()
     else:
-        scales = buffer[m * ldq:].view(plan.scale_torch).view(scale_rows, groups)
+        scales = torch.empty((1 if plan.tensor else m, groups), dtype=plan.scale_torch, device=device)
         values["scales"] = scales.data_ptr()
         if x.dim() != 2:
             scales = scales.reshape((1,) * x.dim()) if plan.tensor else scales.reshape(*x.shape[:-1], groups)
