@@ -165,9 +165,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t) if moe else []
-    if moe and layer.fold_scales:
-        reasons.append("fold_scales=True with an MoE gemm: the MoE kernels read the promoted group scales (QuantMoE "
-                       "does not fold)")
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -203,9 +200,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 fragment_store=t.split_k > 1, row_map=moe, topk_weight=compute.topk_weight,
                                 gated=compute.epilogue_activation or "", tile_rows=moe))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
-    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
+    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
+    # deltas and the row factors in out_scale, per expert like the group scales they replace)
     per_expert = standard_a8.expert_bytes(layer, n_pad)
-    experts = expert_tensors(standard_a8.args(layer, False), per_expert) if moe else ()
+    experts = expert_tensors(standard_a8.args(layer, False, fold=fold), per_expert) if moe else ()
     pdl = target.has("pdl")
     suffix = f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
     name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales
