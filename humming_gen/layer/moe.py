@@ -88,7 +88,8 @@ class QuantMoE(torch.nn.Module):
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
     QuantLinear (`compute_dtypes`; strict=True refuses), and weight_only=True runs the weights with 16-bit
-    activations."""
+    activations. MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels,
+    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear)."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
