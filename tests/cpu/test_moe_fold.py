@@ -15,8 +15,8 @@ from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build_many, generate
 from humming_gen.layer.moe import QuantMoE, expert_weight, prepare_moe_weight
-from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
+from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.targets import get_target
 
 SM90 = get_target("sm_90a")
