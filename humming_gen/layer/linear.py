@@ -11,7 +11,8 @@ from humming_gen.heuristics import TuningPlan, choose_tunings
 from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
-from humming_gen.layer.weights import PreparedWeight, layout_key, prepare_weight, resolve_device, scales_fold
+from humming_gen.layer.weights import (PreparedWeight, fold_serves, layout_key, prepare_weight, resolve_device,
+                                      scales_fold)
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -89,7 +90,7 @@ class QuantLinear(torch.nn.Module):
         if act is not None and own_activation and qweight.input_scale is not None and act.granularity == "tensor":
             self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
-        if self.fold_scales and not self._fold_serves(self.tunings):
+        if self.fold_scales and not fold_serves(self.layer_config, self.tunings, self.target):
             self.layer_config = attrs.evolve(self.layer_config, fold_scales=False)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
@@ -118,16 +119,6 @@ class QuantLinear(torch.nn.Module):
         self._launchers = [(m_max, kernel.bind(self.weight, self.bias, self.device, m_max))
                            for m_max, kernel in self._buckets]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
-
-    def _fold_serves(self, tunings: TuningPlan) -> bool:
-        """Folded scales are read by warp-specialized kernels only, whose rings hold a stage's exponent deltas
-        beside its weights: some tuning must be one, and every one must still fit shared memory (explicit tunings
-        chosen for the unfolded layer may not; they win, and the layer promotes its group scales instead)."""
-        from humming_gen.pipelines.registry import get_pipeline
-
-        ws = [t for t in tunings.tunings() if t.pipeline == "warp_specialized"]
-        plan = get_pipeline("warp_specialized").shared_memory
-        return bool(ws) and all(plan(self.layer_config, t).total <= self.target.smem_per_block_optin for t in ws)
 
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
                                       out_dtype: torch.dtype) -> list[str]:

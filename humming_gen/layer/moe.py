@@ -21,7 +21,7 @@ from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
-from humming_gen.layer.weights import PreparedWeight, resolve_device
+from humming_gen.layer.weights import PreparedWeight, fold_serves, resolve_device, scales_fold
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -88,7 +88,8 @@ class QuantMoE(torch.nn.Module):
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
     QuantLinear (`compute_dtypes`; strict=True refuses), and weight_only=True runs the weights with 16-bit
-    activations."""
+    activations. MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels,
+    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear)."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
@@ -160,8 +161,12 @@ class QuantMoE(torch.nn.Module):
             if self.bias13 is not None:
                 self.bias13 = self.bias13[:, order.to(self.device)].contiguous()
 
+        # MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized kernels where every row of
+        # every expert allows it (decided per GEMM from the data, as QuantLinear; dropped below where no such kernel
+        # serves the GEMM)
         layers = [LayerConfig(n=q.n, k=q.k, scheme=q.scheme, num_experts=num_experts, has_bias=b is not None,
-                              dtype=_DTYPE_NAME[dtype]) for q, b in ((q13, self.bias13), (q2, self.bias2))]
+                              dtype=_DTYPE_NAME[dtype], fold_scales=scales_fold(q))
+                  for q, b in ((q13, self.bias13), (q2, self.bias2))]
         computes = [ComputeConfig(gemm="indexed", epilogue_activation=activation if fused_activation else None),
                     ComputeConfig(gemm="indexed", topk_weight=True)]
         # each GEMM's input quantization (None: 16-bit activations) and static per-tensor scale
@@ -172,6 +177,8 @@ class QuantMoE(torch.nn.Module):
         # expert on where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one packed copy)
         self._standard_plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline)
+        layers = [attrs.evolve(layer, fold_scales=layer.fold_scales and fold_serves(layer, plan, self.target))
+                  for layer, plan in zip(layers, plans)]
         self.buckets = [m for m, _ in plans[0].buckets]
         # both GEMMs read one routing per batch, padded to one token tile: their buckets must agree
         tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
@@ -403,6 +410,14 @@ class QuantMoE(torch.nn.Module):
         return launcher
 
     @property
+    def fold_scales(self) -> tuple[bool, bool]:
+        """Per GEMM (w13, w2): its e8m0 group scales fold into the e4m3 weight operand of the warp-specialized
+        kernels (names ending in `_fold`); the standard buckets promote the group scales of the same packed weight.
+        False: every kernel of that GEMM promotes them (a row of some expert spans too many binades, or the scheme
+        or target does not fold)."""
+        return self._layer_configs[0].fold_scales, self._layer_configs[1].fold_scales
+
+    @property
     def block_ms(self) -> list[int]:
         """The token tile of each bucket's kernels (the block_m its routing is padded to)."""
         return [gemm1.kernel.plan.tuning.block_m for gemm1, _ in self._launchers]
@@ -410,4 +425,5 @@ class QuantMoE(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
                 f"activation={self.activation}, gate_up_layout={self.gate_up_layout}, dtype={self.dtype}, "
-                f"target={self.target.name}, buckets={self.buckets}")
+                f"target={self.target.name}, buckets={self.buckets}"
+                + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else ""))

@@ -11,7 +11,9 @@ import torch
 from humming_gen.schemes import QuantizedWeight
 
 if TYPE_CHECKING:
-    from humming_gen.pipelines.base import KernelPlan, WeightLayout
+    from humming_gen.config import LayerConfig
+    from humming_gen.pipelines.base import KernelPlan, TuningPlan, WeightLayout
+    from humming_gen.targets import Target
 
 
 @attrs.define
@@ -47,14 +49,27 @@ def prepare_weight(plan: "KernelPlan", qw: QuantizedWeight, device: "torch.devic
 def scales_fold(qweight: QuantizedWeight) -> bool:
     """Whether the weight's e8m0 group scales fold into the e4m3 weight operand (LayerConfig.fold_scales): the
     scheme allows it (fp8 activations, codes of at most 4 bits such as e2m1) and every row's exponents fit the
-    window (components.numeric.exponent_fold). Decided from the data alone, so a layer built twice decides alike;
-    where it does not fold, the group scales stay on the promotion path."""
+    window (components.numeric.exponent_fold), of every expert for an (E, N, K) MoE weight (its kernels are
+    composed once for all experts). Decided from the data alone, so a layer built twice decides alike; where it
+    does not fold, the group scales stay on the promotion path."""
     from humming_gen.components.numeric.exponent_fold import exponent_window, fold_exponents, fold_reasons
 
     if fold_reasons(qweight.scheme):
         return False
     window = exponent_window(qweight.scheme.weight)
-    return window is not None and fold_exponents(qweight.scales, window) is not None
+    rows = qweight.scales.reshape(-1, qweight.scales.shape[-1])  # (E, N, groups): the experts' rows one after another
+    return window is not None and fold_exponents(rows, window) is not None
+
+
+def fold_serves(layer: "LayerConfig", tunings: "TuningPlan", target: "Target") -> bool:
+    """Folded scales are read by warp-specialized kernels only, whose rings hold a stage's exponent deltas beside
+    its weights: some tuning must be one, and every one must still fit shared memory (explicit tunings chosen for
+    the unfolded layer may not; they win, and the layer promotes its group scales instead)."""
+    from humming_gen.pipelines.registry import get_pipeline
+
+    ws = [t for t in tunings.tunings() if t.pipeline == "warp_specialized"]
+    plan = get_pipeline("warp_specialized").shared_memory
+    return bool(ws) and all(plan(layer, t).total <= target.smem_per_block_optin for t in ws)
 
 
 def resolve_device(device: "torch.device | str") -> torch.device:

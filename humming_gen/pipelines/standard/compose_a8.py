@@ -177,12 +177,14 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
 
 def expert_bytes(layer: LayerConfig, n_pad: int) -> dict[str, int]:
     """Bytes of one expert's slice of each stacked tensor a kernel with 8-bit activations may read (the packed
-    weight: a byte or a nibble per code; fp32 group and column scales; the bias), as layer.moe.prepare_moe_weight
-    stacks them. Both pipelines read the same packed layout, so they rebase an expert alike."""
+    weight: a byte or a nibble per code; fp32 group and column scales; folded group scales' exponent deltas, a
+    byte per row and k32 step; the bias), as layer.moe.prepare_moe_weight stacks them. Both pipelines read the
+    same packed layout, so they rebase an expert alike."""
     k_pad = padded_k(layer)
     g = weight_group_k(layer)
     return {"b": n_pad * k_pad // (2 if nibble_order(layer) else 1),
-            "b_scale": (math.ceil(k_pad / g) if g else 0) * n_pad * 4, "out_scale": n_pad * 4, "bias": layer.n * 2}
+            "b_scale": (math.ceil(k_pad / g) if g else 0) * n_pad * 4, "b_exponent": n_pad * (k_pad // 32),
+            "out_scale": n_pad * 4, "bias": layer.n * 2}
 
 
 def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8, n_pad: int) -> WeightLayout:

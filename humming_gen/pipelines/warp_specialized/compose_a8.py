@@ -16,7 +16,8 @@ about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are ex
 MoE (indexed, as the 16-bit warp-specialized MoE and the standard 8-bit one): per-expert weights, scales and biases
 rebased per unit, rows of activation codes gathered through the routing by the producer, each token column's
 activation scales (per token in the epilogue, per group at promotion) those of the row its assignment reads,
-sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations.
+sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations. Folded group
+scales: each expert's exponent deltas and row factors (b_exponent, out_scale) rebased with its weights.
 """
 
 from __future__ import annotations
@@ -165,9 +166,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t) if moe else []
-    if moe and layer.fold_scales:
-        reasons.append("fold_scales=True with an MoE gemm: the MoE kernels read the promoted group scales (QuantMoE "
-                       "does not fold)")
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -203,9 +201,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 fragment_store=t.split_k > 1, row_map=moe, topk_weight=compute.topk_weight,
                                 gated=compute.epilogue_activation or "", tile_rows=moe))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
-    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
+    # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
+    # deltas and the row factors in out_scale, per expert like the group scales they replace)
     per_expert = standard_a8.expert_bytes(layer, n_pad)
-    experts = expert_tensors(standard_a8.args(layer, False), per_expert) if moe else ()
+    experts = expert_tensors(standard_a8.args(layer, False, fold=fold), per_expert) if moe else ()
     pdl = target.has("pdl")
     suffix = f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
     name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales
