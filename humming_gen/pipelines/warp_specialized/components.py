@@ -177,7 +177,9 @@ class WarpSpecializedA8Pipeline(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set()))
+        staged = {"stage_group_slot"} if self.weight_groups or self.staged_activation_scales else set()
+        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | staged
+                         | ({"for_expert"} if self.moe else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
