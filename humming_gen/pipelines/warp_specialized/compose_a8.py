@@ -7,7 +7,9 @@ w the slice's 16-row tile w.
 
 Scales as on the standard pipeline: per-channel / tensor weight scales and per-token / tensor activation scales
 multiply the output in the epilogue; group and block scales multiply the partial sums when they are promoted into
-the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes). Folded e8m0 group scales (LayerConfig.fold_scales,
+the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes); the producer stages a stage's group scales with
+it (the tile's weight scales by bulk copy, fp32 activation scales by cp.async; e8m0 ones stay global reads), so a
+promotion reads shared memory. Folded e8m0 group scales (LayerConfig.fold_scales,
 components.numeric.exponent_fold) are no promoted groups: the widened weights carry them, their exponent deltas
 staged after each stage's weights, and the rows' factor multiplies the output with out_scale. fp8 partial sums are promoted at least every
 block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
