@@ -111,8 +111,10 @@ def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:
     src = _source("w8a8-fp8-block128")
     assert "rows[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     assert "activation_scale_rows(a_scale_rows, p, tc.m0);" in src
-    assert "load_activation_scales_stage(ring.stage(stage), static_cast<const float*>(p.a_scale), a_scale_rows, kt);" in src
-    assert "static_cast<const float*>(p.b_scale) + (long long)group * cfg::kNPad + n0, cfg::kWeightScaleBytes, full);" in src
+    assert ("load_activation_scales_stage(ring.stage(stage), static_cast<const float*>(p.a_scale), a_scale_rows, "
+            "kt);") in src
+    assert ("static_cast<const float*>(p.b_scale) + (long long)group * cfg::kNPad + n0, cfg::kWeightScaleBytes, "
+            "full);") in src
     assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in src  # the expert's b_scale
     assert "p.b_scale = static_cast<const char*>(p.b_scale) + static_cast<long long>(expert) * cfg::" in src
     assert "token_scale" not in src and "m < p.m" not in src and "a_rows" not in src and "__ldg" not in src

@@ -336,7 +336,8 @@ def test_staged_group_scales_fit_the_stage_and_pair_each_token(scheme: str, m: i
     index = re.search(r"const float2 pair = a_pairs\[(.+?)\];", src).group(1)
     py = lambda e: e.replace("cfg::", "").replace("threadIdx.x % 4", "t").replace("/", "//")  # noqa: E731
     for slot in range(c["kStageActivationGroups"]):
-        where = {eval(py(written), {"i": slot, "token": tok, "kBlockM": c["kBlockM"]}): tok for tok in range(c["kBlockM"])}
+        where = {eval(py(written), {"i": slot, "token": tok, "kBlockM": c["kBlockM"]}): tok
+                 for tok in range(c["kBlockM"])}
         for j in range(c["kWarpMTiles"]):
             for t in range(4):
                 f2 = eval(py(f"{slot} * {pair} + {index}"), {"t": t, "j": j, "kBlockM": c["kBlockM"]})
