@@ -1,7 +1,7 @@
 """Indexed MoE GEMMs with 8-bit activations on the warp-specialized pipeline (sm_90a) on the CPU: NVRTC compilation
 without spills for each scheme, the gated and router-weight epilogues, the generated gather of activation codes
-(producer) and of their per-token / per-group scales (consumers) through the routing, the shuffled activation-row
-lookup emulated from the source, the schedule and code gather compiled for the host, the stacked expert strides,
+(producer) and of their per-token / per-group scales through the routing (fp32 group scales staged by the producer,
+e8m0 ones read by the consumers), the shuffled activation-row lookup emulated from the source, the schedule and code gather compiled for the host, the stacked expert strides,
 refusals, and which pipeline QuantMoE's buckets take (heuristics.moe_tunings)."""
 
 from __future__ import annotations
@@ -104,15 +104,20 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
 
 
 def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:
-    """Per-group activation scales (DeepSeek's 1 x 128): looked up per unit through the routing, read at every
-    promotion with the expert's weight block scales; none in the epilogue."""
+    """Per-group activation scales (DeepSeek's 1 x 128): the producer looks up each token's row through the routing
+    once per unit and stages the row's scales with every stage, beside the expert's weight block scale; the
+    consumers read both from shared memory at every promotion; none in the epilogue. e8m0 (MX) scales stay global
+    reads through the consumers' row lookup."""
     src = _source("w8a8-fp8-block128")
-    assert "a_rows[i] = assignment < p.m ? assignment / p.top_k : -1;" in src
-    assert ("a_scale[h] = row >= 0 ? a_scales[static_cast<long long>(row) * cfg::kActivationGroups + a_group] "
-            ": 0.0f;") in src
-    assert "load_weight_group_scales(w_scale, for_expert(p, tc.expert), n_base, group_k / cfg::kWeightGroupK);" in src
+    assert "rows[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
+    assert "activation_scale_rows(a_scale_rows, p, tc.m0);" in src
+    assert ("load_activation_scales_stage(ring.stage(stage), static_cast<const float*>(p.a_scale), a_scale_rows, "
+            "kt);") in src
+    assert ("static_cast<const float*>(p.b_scale) + (long long)group * cfg::kNPad + n0, cfg::kWeightScaleBytes, "
+            "full);") in src
+    assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in src  # the expert's b_scale
     assert "p.b_scale = static_cast<const char*>(p.b_scale) + static_cast<long long>(expert) * cfg::" in src
-    assert "token_scale" not in src and "m < p.m" not in src
+    assert "token_scale" not in src and "m < p.m" not in src and "a_rows" not in src and "__ldg" not in src
     mx = _source("w8a8-mxfp8", block_m=32)  # e8m0 activation groups of 32
     assert "const u32 e = row >= 0 ? a_scales[static_cast<long long>(row) * cfg::kActivationGroups + a_group]" in mx
 
@@ -121,10 +126,9 @@ def _c_to_python(expr: str) -> str:
     return expr.replace("/", "//").replace("threadIdx.x % 32", "lane").replace("threadIdx.x % 4", "t")
 
 
-@pytest.mark.parametrize("scheme,block_m", [("w8a8-fp8-block128", 16), ("w8a8-fp8-block128", 128),
-                                            ("w8a8-mxfp8", 32)])
+@pytest.mark.parametrize("scheme,block_m", [("w8a8-mxfp8", 32), ("w8a8-mxfp8", 8)])
 def test_activation_row_lookup_and_shuffles_pair_each_token_with_its_row(scheme: str, block_m: int) -> None:
-    """The consumers' lookup (lane, register) of each token's activation row and the shuffle of a promotion, both
+    """e8m0 activation scales (read from global memory at promotion): the consumers' lookup (lane, register) of each token's activation row and the shuffle of a promotion, both
     taken from the generated source and evaluated for every lane: token column (j, t, h) = 8j + 2t + h of the tile
     gets the row looked up for that token, and every token of the tile is looked up."""
     src = _source(scheme, block_m=block_m)

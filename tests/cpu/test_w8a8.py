@@ -8,6 +8,9 @@ holding row g (+8 for odd registers), k 4t..4t+3 (+16 for registers 2, 3), lowes
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 import torch
 
@@ -16,8 +19,11 @@ from humming_gen.codegen import compose
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MMA_SYNC_M16N8K32_8BIT
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
-from humming_gen.kernel import build
+from humming_gen.kernel import build, build_many
 from humming_gen.pipelines.base import ComposeError
+from humming_gen.runtime.compile import fatal_warnings
+from humming_gen.pipelines.standard.compose_a8 import activation_e8m0
+from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
@@ -152,7 +158,8 @@ def test_warp_specialized_8bit_source() -> None:
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in int8
     assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8 and "* scale * a_scale[m]" in fp8
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in int8 and "acc[0][j][i] +=" not in int8
-    assert "part[j][i] * w_scale[0][i / 2] * a_scale[i % 2]" in block and "a_scale[m]" not in block
+    assert "acc[0][j][i] += part[j][i] * a_scale[i % 2];" in block and "a_scale[m]" not in block
+    assert "const float a_scale[2] = {pair.x * w_scale, pair.y * w_scale};" in block  # the tile's block scale
     assert "kPromoteSteps = 1;" in mxfp4 and "nibbles_to_a8(v.x, frag[0], frag[1])" in mxfp4
 
 
@@ -253,7 +260,7 @@ def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
         assert kernel.resources["spill_store_bytes"] == 0, (m, kernel.resources)
     src = kernel.source
     if scheme is INT8_GROUP and target == "sm_90a":  # M = 1000: the warp-specialized kernel
-        assert "static_cast<float>(part[j][i]) * w_scale[0][i / 2] * a_scale[i % 2]" in src
+        assert "static_cast<float>(part[j][i]) * w_scale[i / 2] * a_scale[i % 2]" in src
     elif scheme is INT8_GROUP:
         assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
     else:
@@ -286,3 +293,71 @@ def test_activation_groups_that_do_not_tile_k_fall_back() -> None:
     assert layer.compute_dtype == "bfloat16" and "group_size=128" in layer.fallback_reasons[0]
     with pytest.raises(ValueError, match="group_size=128"):
         hg.QuantLinear.from_float(w, "w8a8-fp8-block128", target="sm_90a", device="cpu", strict=True)
+
+
+@pytest.mark.parametrize("block_k,group_k", [(128, 128), (128, 32), (256, 128), (128, 256), (128, 96), (256, 96)])
+def test_stage_groups_counts_the_groups_a_stage_reaches_into(block_k: int, group_k: int) -> None:
+    """The producer stages this many scale groups per stage: the most any k tile touches (brute force)."""
+    touched = max(len({k // group_k for k in range(kt * block_k, (kt + 1) * block_k)}) for kt in range(64))
+    assert compose_a8.stage_groups(block_k, group_k) == touched
+
+
+def _constants(src: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (\w+) = (-?\d+);", src)}
+
+
+@pytest.mark.parametrize("scheme,m", [("w8a8-fp8-block128", 1000), ("w8a8-fp8-block128", 64), ("w8a8-mxfp8", 1000),
+                                      ("w4a8-int4-g128-int8", 1000)])
+def test_staged_group_scales_fit_the_stage_and_pair_each_token(scheme: str, m: int) -> None:
+    """The shared-memory plan holds a stage's weight and activation group scales after its weights (the stage size,
+    the offsets and the launch's bytes agree), the full barrier's transaction bytes count the weight scales, and the
+    consumers' 8-byte pair reads (taken from the source) find tokens 8j + 2t and + 1 where the producer put them."""
+    plan = _plan(scheme, "sm_90a", m, n=4000, k=3200)
+    src = build(plan, compile=False).source
+    c = _constants(src)
+    smem = compose_a8.shared_memory(plan.layer, plan.tuning)
+    assert c["kStageBytes"] == smem.stage and plan.shared_bytes == smem.total and smem.fits(get_target("sm_90a"))
+    end = c["kAStageBytes"] + c["kSlicesPerStage"] * c["kBSliceBytes"]
+    assert c["kWeightScaleOffset"] == end
+    end += c["kStageWeightGroups"] * c["kWeightScaleBytes"]
+    assert "cfg::kBSliceBytes + cfg::kStageWeightGroups * cfg::kWeightScaleBytes;" in src  # expect_tx
+    assert "w_group = reinterpret_cast<const float*>(ring.stage_ptr(stage) + cfg::kWeightScaleOffset)" in src
+    assert "__ldg" not in src and "load_weight_group_scales" not in src
+    if not compose_a8.staged_activation_scales(plan.layer):  # per-token scales, or e8m0 bytes read at promotion
+        assert "kActivationScaleOffset" not in c
+        assert ("const u32 e = m < p.m ? a_scales[" in src) == activation_e8m0(plan.layer)
+        return
+    assert c["kActivationScaleOffset"] == end and end % 8 == 0
+    end += c["kStageActivationGroups"] * c["kBlockM"] * 4
+    assert end <= c["kStageBytes"] == -(-end // 1024) * 1024
+    # producer: token `token` of group slot i at float i * kBlockM + token; consumer: float2 pair a_pairs[...] of slot
+    written = re.search(r"cfg::kActivationScaleOffset \+ \((.+?)\) \* 4,", src).group(1)
+    pair = re.search(r"stage_group_slot<cfg::kActivationGroupK>\(kt, pg\) \* (.+?);\n", src).group(1)
+    index = re.search(r"const float2 pair = a_pairs\[(.+?)\];", src).group(1)
+    py = lambda e: e.replace("cfg::", "").replace("threadIdx.x % 4", "t").replace("/", "//")  # noqa: E731
+    for slot in range(c["kStageActivationGroups"]):
+        where = {eval(py(written), {"i": slot, "token": tok, "kBlockM": c["kBlockM"]}): tok
+                 for tok in range(c["kBlockM"])}
+        for j in range(c["kWarpMTiles"]):
+            for t in range(4):
+                f2 = eval(py(f"{slot} * {pair} + {index}"), {"t": t, "j": j, "kBlockM": c["kBlockM"]})
+                assert (where[2 * f2], where[2 * f2 + 1]) == (8 * j + 2 * t, 8 * j + 2 * t + 1), (slot, j, t)
+
+
+@pytest.mark.parametrize("compiler", ["nvrtc", pytest.param("nvcc", marks=pytest.mark.skipif(
+    shutil.which("nvcc") is None, reason="nvcc not installed"))])
+def test_staged_scale_kernels_compile_without_spills_or_wgmma_serialization(compiler: str) -> None:
+    """Every warp-specialized bucket of the group-scaled 8-bit schemes (4000 x 3200, bias) with NVRTC, the m_band and
+    split-K ones among them; with NVCC the largest token tile of each and a split-K one."""
+    plans = []
+    for scheme in ("w8a8-fp8-block128", "w8a8-mxfp8", "w4a8-int4-g128-int8", "w4a8-mxfp4-fp8"):
+        layer = LayerConfig(n=4000, k=3200, scheme=scheme, has_bias=True)
+        tunings = [t for t in choose_tunings(layer, get_target("sm_90a")).tunings() if t.pipeline == "warp_specialized"]
+        if compiler == "nvcc":
+            tunings = [max(tunings, key=lambda t: t.block_m)] + [t for t in tunings if t.split_k > 1][:1]
+        plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a")) for t in tunings]
+    assert any(p.tuning.split_k > 1 for p in plans) and any(p.tuning.raster == "m_band" for p in plans)
+    for kernel in build_many(plans, compiler=compiler):
+        r = kernel.resources
+        assert r.get("spill_store_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0, (kernel.name, r)
+        assert not fatal_warnings(kernel.compiled.log), kernel.name

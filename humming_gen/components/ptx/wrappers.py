@@ -37,6 +37,16 @@ class CpAsync(Component):
 
 
 @attrs.frozen
+class CpAsyncWord(Component):
+    """cp.async of one 4-byte word: a value per token whose rows are not 16-byte runs (activation group scales)."""
+
+    template: ClassVar[str] = "ptx/cp_async_word.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    provides: ClassVar[frozenset[str]] = frozenset({"cp_async_4"})
+
+
+@attrs.frozen
 class Ldmatrix(Component):
     template: ClassVar[str] = "ptx/ldmatrix.cuh.j2"
     family: ClassVar[str] = "ptx"
@@ -188,14 +198,14 @@ class NamedBarrier(Component):
 WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "and_or": AndOr,
     "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait,
-    "grid_dependency": GridDependency, "cp_async_copy": CpAsync, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
-    "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
+    "grid_dependency": GridDependency, "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier,
+    "bulk_copy": BulkCopy, "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
-PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "ldmatrix", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar",
-             "global_sync", "global_wait", "grid_dependency", "mbarrier", "bulk_copy", "async_proxy_fence",
-             "setmaxnreg", "named_barrier")
+PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "prmt", "and_or", "and_xor",
+             "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency", "mbarrier", "bulk_copy",
+             "async_proxy_fence", "setmaxnreg", "named_barrier")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

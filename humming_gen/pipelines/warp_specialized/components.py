@@ -34,6 +34,24 @@ class ATileSw128CpAsync(Component):
 
 
 @attrs.frozen
+class ActivationScalesStage(Component):
+    """fp32 activation group scales of a stage's tokens by 4-byte cp.async beside the stage's codes, so that the
+    consumers' promotions read shared memory instead of global memory."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/activation_scales_stage.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    ptx: ClassVar[tuple[str, ...]] = ("cp_async_word",)
+    provides: ClassVar[frozenset[str]] = frozenset({"kScaleTokensPerThread", "activation_scale_rows",
+                                                   "load_activation_scales_stage"})
+    gather: bool = option_field()  # MoE (indexed): a token's scales are those of the row its assignment reads
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"cp_async_4"} | ({"Params"} if self.gather else set()))
+
+
+@attrs.frozen
 class WeightStageBulk(Component):
     """A stage's weight slices and group-parameter rows (or folded scales' exponent deltas) by bulk copies completing
     on the stage's full barrier."""
@@ -47,6 +65,7 @@ class WeightStageBulk(Component):
     needs: ClassVar[frozenset[str]] = frozenset({"Params", "bulk_copy"})
     group_params: tuple[str, ...]
     exponents: bool = option_field()  # the stage's b_exponent words (components.numeric.exponent_fold)
+    weight_scales: bool = option_field()  # the tile's fp32 group scales of the stage's groups (8-bit promotion)
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
@@ -102,7 +121,7 @@ class WarpSpecializedPipeline(Component):
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
-                "grouped": False, "banded": False, "a_type": "u16",
+                "grouped": False, "banded": False, "a_type": "u16", "activation_scales": False,
                 "a_origin": "activations may come from the previous kernel"}
 
 
@@ -129,6 +148,8 @@ class WarpSpecializedA8Pipeline(Component):
     split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
     long_k: bool = option_field()  # int8 with K past 2^16: s32 partial sums promoted every stage (overflow)
     fold: bool = option_field()  # folded group scales: the widening adds the rows' exponent deltas (exponent_fold)
+    # 128 x 128 (or taller) weight blocks: one weight scale per tile and group, folded into the activation scales
+    tile_weight_scale: bool = option_field()
     # MoE (indexed), as WarpSpecializedPipeline.expert_tensors: the units are routed m blocks whose rows (codes and
     # activation scales) are gathered and scattered through the routing
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
@@ -136,6 +157,12 @@ class WarpSpecializedA8Pipeline(Component):
     @property
     def moe(self) -> bool:
         return bool(self.expert_tensors)
+
+    @property
+    def staged_activation_scales(self) -> bool:
+        """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
+        size copies, are read from global memory at each promotion."""
+        return self.activation_groups and not self.activation_e8m0
 
     @property
     def promote_in_loop(self) -> bool:
@@ -150,7 +177,9 @@ class WarpSpecializedA8Pipeline(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set()))
+        staged = {"stage_group_slot"} if self.weight_groups or self.staged_activation_scales else set()
+        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | staged
+                         | ({"for_expert"} if self.moe else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -164,19 +193,24 @@ class WarpSpecializedA8Pipeline(Component):
                   if self.split_k else {"store_output"})
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
-        needs |= {"load_weight_group_scales"} if self.weight_groups else set()
+        needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
+                  if self.staged_activation_scales else set())
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
-        factors = ((" * w_scale[0][i / 2]" if self.weight_groups else "")
-                   + (" * a_scale[i % 2]" if self.activation_groups else ""))
+        folded = self.tile_weight_scale and self.staged_activation_scales  # the weight scale is in a_scale
+        weight = ("" if not self.weight_groups or folded else " * w_scale" if self.tile_weight_scale
+                  else " * w_scale[i / 2]")
+        factors = weight + (" * a_scale[i % 2]" if self.activation_groups else "")
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
-                # MoE: the expert's weight tensors, and the activation row a token's group scales are read from
-                "params": "for_expert(p, tc.expert)" if self.moe else "p", "grouped": False,
+                "staged_scales": self.weight_groups or self.staged_activation_scales,
+                "activation_scales": self.staged_activation_scales, "fold_weight_scale": folded,
+                # MoE: the activation row a token's e8m0 group scales are read from
+                "grouped": False,
                 "a_scale_row": "row" if self.moe else "m", "a_scale_valid": "row >= 0" if self.moe else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
                 "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",

@@ -7,7 +7,9 @@ w the slice's 16-row tile w.
 
 Scales as on the standard pipeline: per-channel / tensor weight scales and per-token / tensor activation scales
 multiply the output in the epilogue; group and block scales multiply the partial sums when they are promoted into
-the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes). Folded e8m0 group scales (LayerConfig.fold_scales,
+the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes); the producer stages a stage's group scales with
+it (the tile's weight scales by bulk copy, fp32 activation scales by cp.async; e8m0 ones stay global reads), so a
+promotion reads shared memory. Folded e8m0 group scales (LayerConfig.fold_scales,
 components.numeric.exponent_fold) are no promoted groups: the widened weights carry them, their exponent deltas
 staged after each stage's weights, and the rows' factor multiplies the output with out_scale. fp8 partial sums are promoted at least every
 block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
@@ -28,7 +30,6 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
-from humming_gen.components.memory.shared_reads import GroupScalesGlobal
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8
 from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
@@ -45,8 +46,8 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.standard.moe import expert_tensors, moe_name_suffix, moe_reasons
 from humming_gen.pipelines.warp_specialized.compose import MOE_GEMMS, moe_tuning_reasons, ring_reasons
-from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedA8Pipeline,
-                                                               WeightStageBulk)
+from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATileSw128CpAsync,
+                                                               WarpSpecializedA8Pipeline, WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
 from humming_gen.targets import Target
 
@@ -67,10 +68,13 @@ class SmemPlanA8:
     b: int
     stages: int
     exponents: int = 0  # folded group scales: the stage's exponent deltas, after its weights
+    weight_scales: int = 0  # promoted group scales staged with the stage: the tile's weight scales, then
+    activation_scales: int = 0  # the tokens' activation scales
 
     @property
     def stage(self) -> int:
-        return -(-(self.a + self.b + self.exponents) // SMEM_ALIGN) * SMEM_ALIGN
+        used = self.a + self.b + self.exponents + self.weight_scales + self.activation_scales
+        return -(-used // SMEM_ALIGN) * SMEM_ALIGN
 
     @property
     def total(self) -> int:
@@ -90,10 +94,38 @@ def exponent_stage_bytes(layer: LayerConfig, block_k: int) -> int:
     return EXPONENT_ROWS * block_k // STEP_K if layer.fold_scales else 0
 
 
+def stage_groups(block_k: int, group_k: int) -> int:
+    """Scale groups of `group_k` along K that a stage (k tiles start at multiples of block_k) reaches into at most:
+    a stage starts at an offset into its first group that is a multiple of gcd(block_k, group_k)."""
+    return 1 + -(-(block_k - math.gcd(block_k, group_k)) // group_k)
+
+
+def tile_weight_scale(layer: LayerConfig) -> bool:
+    """Weight blocks of at least a tile's 128 rows: one weight scale per tile and group (DeepSeek's 128 x 128)."""
+    s = layer.scheme
+    return s.granularity == "block" and s.block_size[0] % BLOCK_N == 0
+
+
+def weight_scale_bytes(layer: LayerConfig) -> int:
+    """Bytes staged of one weight scale group of a tile: its 128 rows' fp32 scales, or 16 (a bulk copy's least) of
+    which the first is the tile's one scale."""
+    return 16 if tile_weight_scale(layer) else BLOCK_N * 4
+
+
+def staged_activation_scales(layer: LayerConfig) -> bool:
+    """fp32 activation group scales are staged with the codes (4-byte cp.async); e8m0 bytes are read from global
+    memory at promotion."""
+    return standard_a8.activation_group_k(layer) is not None and not standard_a8.activation_e8m0(layer)
+
+
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     t = tuning
+    w_group, a_group = promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)
+    w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer) if w_group is not None else 0
+    a_scales = stage_groups(t.block_k, a_group) * t.block_m * 4 if staged_activation_scales(layer) else 0
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
-                      exponents=exponent_stage_bytes(layer, t.block_k))
+                      exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
+                      activation_scales=a_scales)
 
 
 def consumer_registers() -> int:
@@ -183,9 +215,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
     memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=moe),
-                               WeightStageBulk(group_params=(), exponents=fold)]
-    if wgroups:  # (activation group scales are read by the skeleton, a token pair at a time)
-        memory.append(GroupScalesGlobal(weight_groups=True, activation_groups=False))
+                               WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups)]
+    if staged_activation_scales(layer):
+        memory.append(ActivationScalesStage(gather=moe))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
     schedule: list[Component] = [MoeIndexedPersistentSchedule() if moe else
@@ -213,6 +245,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
+                                         tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
@@ -246,8 +279,16 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kSmemAlign", SMEM_ALIGN, ""),
         ("kWarpsMN", 4 * WARPGROUPS, "consumer warps (the split-K hand-off's warp count)"),
     ] + split_k_constants(t)
+    scales_offset = smem.a + smem.b + smem.exponents  # a stage's staged group scales, after its weights
     if wgroups:
-        constants.append(("kWeightGroupK", standard_a8.weight_group_k(layer), "k elements per weight scale group"))
+        wg = standard_a8.weight_group_k(layer)
+        constants += [("kWeightGroupK", wg, "k elements per weight scale group"),
+                      ("kWeightGroups", math.ceil(k_pad / wg), "weight scale groups along the padded K"),
+                      ("kStageWeightGroups", stage_groups(t.block_k, wg), "weight scale groups staged per stage"),
+                      ("kWeightScaleBytes", weight_scale_bytes(layer), "staged bytes of one group: "
+                       + ("the tile's one scale, padded to a bulk copy" if tile_weight_scale(layer)
+                          else "the tile's rows")),
+                      ("kWeightScaleOffset", scales_offset, "a stage's weight group scales, after its weights")]
     if fold:
         constants += [("kExponentOffset", smem.a + smem.b, "a stage's exponent deltas, after its weights"),
                       ("kExponentStageBytes", smem.exponents, "128 rows x kBlockK / 32 deltas: [128-k block][row] words"),
@@ -256,7 +297,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         g = standard_a8.activation_group_k(layer)
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
-    if moe and agroups:
+    if staged_activation_scales(layer):
+        constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
+                      ("kActivationScaleOffset", scales_offset + smem.weight_scales,
+                       "a stage's activation group scales: [group slot][kBlockM] fp32, after the weight scales")]
+    elif moe and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
         constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
                           "activation row of each token of the unit, one per 32 tokens"))
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
