@@ -66,13 +66,19 @@ class WarpSpecializedPipeline(Component):
     convert_in_extract: bool
     split_k: bool
     pdl: bool
-    # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor; the units are
-    # routed m blocks (MoeIndexedPersistentSchedule), their rows gathered and scattered through the routing
+    # MoE: (Params field, constant of its bytes per expert) of each stacked weight tensor; the units are routed m
+    # blocks (indexed: MoeIndexedPersistentSchedule), their rows gathered and scattered through the routing, or
+    # m blocks of the experts' row windows (grouped: MoeGroupedPersistentSchedule)
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: str = option_field("")  # "grouped_contiguous" or "grouped_masked" ("": indexed or dense)
 
     @property
     def moe(self) -> bool:
         return bool(self.expert_tensors)
+
+    @property
+    def gather(self) -> bool:
+        return self.moe and not self.grouped
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -97,12 +103,13 @@ class WarpSpecializedPipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
                   if self.split_k else {"store_output"})
-        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
+        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
-                "grouped": False, "banded": False, "a_type": "u16",
+                "grouped": bool(self.grouped), "gemm": self.grouped, "banded": False, "a_type": "u16",
                 "a_origin": "activations may come from the previous kernel"}
 
 
@@ -129,13 +136,18 @@ class WarpSpecializedA8Pipeline(Component):
     split_k: bool = option_field()  # k slices of a tile reduced in the epilogue (epilogue/split_k_reduce_parallel)
     long_k: bool = option_field()  # int8 with K past 2^16: s32 partial sums promoted every stage (overflow)
     fold: bool = option_field()  # folded group scales: the widening adds the rows' exponent deltas (exponent_fold)
-    # MoE (indexed), as WarpSpecializedPipeline.expert_tensors: the units are routed m blocks whose rows (codes and
-    # activation scales) are gathered and scattered through the routing
+    # MoE, as WarpSpecializedPipeline.expert_tensors and .grouped: the units are routed m blocks whose rows (codes and
+    # activation scales) are gathered and scattered through the routing, or m blocks of the experts' row windows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: str = option_field("")
 
     @property
     def moe(self) -> bool:
         return bool(self.expert_tensors)
+
+    @property
+    def gather(self) -> bool:
+        return self.moe and not self.grouped
 
     @property
     def promote_in_loop(self) -> bool:
@@ -166,7 +178,8 @@ class WarpSpecializedA8Pipeline(Component):
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
-        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
+        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
@@ -175,9 +188,13 @@ class WarpSpecializedA8Pipeline(Component):
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
-                # MoE: the expert's weight tensors, and the activation row a token's group scales are read from
-                "params": "for_expert(p, tc.expert)" if self.moe else "p", "grouped": False,
-                "a_scale_row": "row" if self.moe else "m", "a_scale_valid": "row >= 0" if self.moe else "m < p.m",
+                # MoE: the expert's weight tensors (and row window), and the activation row a token's group scales
+                # are read from (through the routing, or the unit's dense rows below the window's end)
+                "params": ("for_expert(p, tc.expert, tc.row_end)" if self.grouped
+                           else "for_expert(p, tc.expert)" if self.moe else "p"),
+                "grouped": bool(self.grouped), "gemm": self.grouped, "gather": self.gather,
+                "a_scale_row": "row" if self.gather else "m",
+                "a_scale_valid": "row >= 0" if self.gather else "m < tc.row_end" if self.grouped else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
                 "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
                 "a_origin": "activation codes and scales come from the previous kernel"}
