@@ -189,12 +189,13 @@ class WarpSpecializedA8Pipeline(Component):
         return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
                 # MoE: the expert's weight tensors (and row window), and the activation row a token's group scales
-                # are read from (through the routing, or the unit's dense rows below the window's end)
+                # are read from (through the routing; grouped kernels read the unit's dense rows, the skeleton's
+                # own branch)
                 "params": ("for_expert(p, tc.expert, tc.row_end)" if self.grouped
                            else "for_expert(p, tc.expert)" if self.moe else "p"),
                 "grouped": bool(self.grouped), "gemm": self.grouped, "gather": self.gather,
                 "a_scale_row": "row" if self.gather else "m",
-                "a_scale_valid": "row >= 0" if self.gather else "m < tc.row_end" if self.grouped else "m < p.m",
+                "a_scale_valid": "row >= 0" if self.gather else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
                 "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
                 "a_origin": "activation codes and scales come from the previous kernel"}
