@@ -244,7 +244,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     prefix = expert_prefix_bytes(layer, compute)
     if not smem.fits(target, prefix):
         raise compose_error([f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) + "
-                             f"{STATIC_SMEM + prefix} B static exceeds {target.name}'s {target.smem_per_block_optin} B per block"])
+                             f"{STATIC_SMEM + prefix} B static exceeds {target.name}'s "
+                             f"{target.smem_per_block_optin} B per block"])
     threads = PRODUCER_THREADS * (1 + warpgroups)
     slice_bytes = b_slice_bytes(layer)
     constants = constants_table(layer, n_pad, k_pad) + [
