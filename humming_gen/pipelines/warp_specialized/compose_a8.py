@@ -16,7 +16,8 @@ about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are ex
 MoE (indexed, as the 16-bit warp-specialized MoE and the standard 8-bit one): per-expert weights, scales and biases
 rebased per unit, rows of activation codes gathered through the routing by the producer, each token column's
 activation scales (per token in the epilogue, per group at promotion) those of the row its assignment reads,
-sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations.
+sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations. Grouped
+layouts read dense row windows of codes and their rows' activation scales (MoeGroupedPersistentSchedule).
 """
 
 from __future__ import annotations
