@@ -10,11 +10,14 @@ MoE layers (QuantMoE's indexed GEMMs) bucket by expected rows per expert instead
 
 from __future__ import annotations
 
-from humming_gen.config import ComputeConfig, LayerConfig
+import attrs
+
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
-from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings
+from humming_gen.pipelines.warp_specialized.compose import expert_prefix_bytes
+from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings, moe_tuning_for
 from humming_gen.targets import Target, get_target
 
 # The warp-specialized buckets start with the one ending at ws_from_m(layer) tokens; the standard pipeline keeps the
@@ -125,3 +128,26 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < WS_MOE_FROM_ROWS]
                              + [(m, t) for m, t in plan.buckets if m is None or m >= WS_MOE_FROM_ROWS]))
             for std, plan in zip(standard, ws)]
+
+
+def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: ComputeConfig, target: Target | str,
+                       rows_per_expert: int, *, pipeline: str | None = None) -> TuningConfig:
+    """The tuning of a grouped MoE GEMM (compute.gemm 'grouped_contiguous' or 'grouped_masked') for about
+    `rows_per_expert` rows per expert, as moe_tunings chooses an indexed GEMM's bucket: the warp-specialized MoE
+    bucket's tile (its ring beside the schedule's expert prefix) where that bucket ends at WS_MOE_FROM_ROWS or later
+    and the pipeline serves the GEMM, else `standard`'s bucket (the GEMM's standard-pipeline plan) without split-K.
+
+    pipeline: None (that choice), "standard" or "warp_specialized" (ValueError naming why it cannot serve)."""
+    if pipeline not in PIPELINE_CHOICES:
+        raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
+    target = get_target(target)
+    rows = max(1, rows_per_expert)
+    if pipeline != "standard":
+        reasons = WARP_SPECIALIZED.supports(layer, compute, target)
+        if reasons and pipeline == "warp_specialized":
+            raise ValueError(f"the warp-specialized pipeline cannot serve this {compute.gemm} GEMM (n={layer.n} "
+                             f"k={layer.k}):\n  - " + "\n  - ".join(reasons))
+        bound, block_m = next((m, bm) for m, bm in MOE_BUCKETS if m is None or rows <= m)
+        if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= WS_MOE_FROM_ROWS):
+            return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
+    return attrs.evolve(standard.for_m(rows), split_k=1)

@@ -81,7 +81,8 @@ class QuantMoE(torch.nn.Module):
     construction; no host synchronisation in forward (routing counts stay on the GPU). The standard pipeline serves
     every bucket, except on sm_90a (16-bit or 8-bit activations), where the warp-specialized pipeline takes the
     buckets from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
-    "standard" or "warp_specialized" puts every bucket on one pipeline (ValueError where it cannot serve them).
+    "standard" or "warp_specialized" puts every bucket, and the grouped GEMMs (grouped_launcher), on one pipeline
+    (ValueError where it cannot serve them).
     fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
     tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
@@ -175,6 +176,7 @@ class QuantMoE(torch.nn.Module):
                                     for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
         # buckets of expected rows per expert: the standard pipeline's, the warp-specialized one's from 17 rows per
         # expert on where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one packed copy)
+        self.pipeline = pipeline  # also the grouped GEMMs' (grouped_launcher)
         self._standard_plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline)
         layers = [attrs.evolve(layer, fold_scales=layer.fold_scales and fold_serves(layer, plan, self.target))
@@ -382,12 +384,14 @@ class QuantMoE(torch.nn.Module):
         bucket = preferred if tiles[preferred] == block_m else tiles.index(block_m)
         return self._launchers[bucket][index]
 
-    def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int):
+    def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int, pipeline: str | None = None):
         """The bound launcher of a grouped MoE kernel ("grouped_masked" or "grouped_contiguous") for GEMM `weight`,
         tiled for about `rows_per_expert` rows per expert; compiled on first use (warm up before a CUDA graph
-        capture). It reads the layer's packed weights: the standard pipeline's tuning of that bucket composed for the
-        grouped gemm type (the warp-specialized pipeline generates indexed MoE GEMMs only)."""
+        capture). It reads the layer's packed weights, on the pipeline an indexed GEMM of that many rows per expert
+        takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows per expert on sm_90a);
+        `pipeline` (else the layer's own pipeline=) forces "standard" or "warp_specialized"."""
         from humming_gen.codegen import compose
+        from humming_gen.heuristics import grouped_moe_tuning
         from humming_gen.kernel import build_many
 
         if weight not in ("w13", "w2"):
@@ -398,11 +402,13 @@ class QuantMoE(torch.nn.Module):
             raise ValueError("this layer's w13 holds gate/up rows in tile order for its fused activation; build it "
                              "with fused_activation=False to run grouped gate/up GEMMs")
         index = 0 if weight == "w13" else 1
-        tuning = attrs.evolve(self._standard_plans[index].for_m(max(1, rows_per_expert)), split_k=1)
+        layer, compute = self._layer_configs[index], ComputeConfig(gemm=gemm)
+        tuning = grouped_moe_tuning(self._standard_plans[index], layer, compute, self.target, rows_per_expert,
+                                    pipeline=pipeline or self.pipeline)
         key = (weight, gemm, tuning)
         launcher = self._grouped.get(key)
         if launcher is None:
-            plan = compose(self._layer_configs[index], ComputeConfig(gemm=gemm), tuning, self.target)
+            plan = compose(layer, compute, tuning, self.target)
             kernel = build_many([plan], compiler=self._compiler)[0]
             launcher = kernel.bind(self.w13 if index == 0 else self.w2, self.bias13 if index == 0 else self.bias2,
                                    self.device, None)

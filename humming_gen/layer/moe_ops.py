@@ -247,7 +247,7 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
 
 
 def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_layout: torch.Tensor, *, layout: str,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pipeline: str | None = None) -> torch.Tensor:
     """One MoE GEMM of `layer` on rows already grouped by expert (no router weights: the caller's combine applies
     them). Eager only; its kernel compiles on the first call of each (weight, layout, tile).
 
@@ -258,6 +258,8 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     weight: "w13" (N = 2I) or "w2" (N = H).
     A layer whose scheme quantizes activations quantizes the rows of `a` first (a dynamic per-tensor scale is
     refused for grouped_masked: its amax would read the rows past the counts).
+    pipeline: None (the layer's pipeline=, else warp-specialized on sm_90a from 17 rows per expert), "standard" or
+    "warp_specialized" (QuantMoE.grouped_launcher).
     """
     if layout not in ("grouped_masked", "grouped_contiguous"):
         raise ValueError(f"layout={layout!r}; allowed: 'grouped_masked', 'grouped_contiguous' (sorted ids: moe_gemm)")
@@ -300,7 +302,7 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
                          f"its amax would read the rows past each expert's count; use grouped_contiguous or a "
                          f"static input_scale")
     if rows:
-        launcher = layer.grouped_launcher(weight, layout, per_expert)
+        launcher = layer.grouped_launcher(weight, layout, per_expert, pipeline)
         codes, a_scale = layer.gemm_input(a.reshape(rows, k), index)
         launcher.grouped(codes, out.view(rows, n), expert_layout, a_scale=a_scale)
     return out

@@ -195,12 +195,12 @@ def test_a8_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
     tuning = choose_moe_tunings(layer, SM90).for_m(1000)
     with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
         compose(layer, WEIGHTED, attrs.evolve(tuning, split_k=2), SM90)
-    for gemm in ("grouped_masked", "grouped_contiguous"):  # grouped layouts stay on the standard pipeline
-        with pytest.raises(ComposeError, match="this pipeline generates 'dense', 'indexed' kernels"):
-            compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+    for gemm in ("grouped_masked", "grouped_contiguous"):  # (grouped kernels: test_moe_grouped_ws.py)
+        with pytest.raises(ComposeError, match="the router weights are applied by the caller's combine step"):
+            compose(layer, ComputeConfig(gemm=gemm, topk_weight=True), tuning, SM90)
     with pytest.raises(ComposeError, match="gathered MoE rows come 16 per producer pass with block_k=128"):
         compose(layer, WEIGHTED, attrs.evolve(tuning, block_m=8), SM90)
-    with pytest.raises(ComposeError, match="MoE units walk each routed m block's n tiles"):
+    with pytest.raises(ComposeError, match="MoE units walk each m block's n tiles"):
         compose(layer, WEIGHTED, attrs.evolve(tuning, raster="m_band"), SM90)
     with pytest.raises(ComposeError, match="not a multiple of 16"):
         compose(_layer("w8a8-fp8-channel", n=1000), ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"),
@@ -261,7 +261,7 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     # one packed copy per GEMM serves both pipelines' kernels
     assert len({g1.plan.layout for g1, _ in moe._kernels}) == 1 and len({g2.plan.layout for _, g2 in moe._kernels}) == 1
     assert moe.launcher_for("w2", 4096, 128).kernel.plan.pipeline == "warp_specialized"
-    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "standard"
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "warp_specialized"
     forced = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="warp_specialized")
     assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
     assert forced.block_ms == [8, 16, 32, 64, 128]

@@ -111,9 +111,9 @@ def test_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
     tuning = choose_moe_tunings(layer, SM90).for_m(1000)
     with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
         compose(layer, WEIGHTED, attrs.evolve(tuning, split_k=2), SM90)
-    for gemm in ("grouped_masked", "grouped_contiguous"):  # grouped layouts stay on the standard pipeline
-        with pytest.raises(ComposeError, match="this pipeline generates 'dense', 'indexed' kernels"):
-            compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+    for gemm in ("grouped_masked", "grouped_contiguous"):  # (grouped kernels: test_moe_grouped_ws.py)
+        with pytest.raises(ComposeError, match="the router weights are applied by the caller's combine step"):
+            compose(layer, ComputeConfig(gemm=gemm, topk_weight=True), tuning, SM90)
     with pytest.raises(ComposeError, match="gathered MoE rows come 16 per producer pass"):
         compose(layer, WEIGHTED, attrs.evolve(tuning, block_k=64, block_m=8), SM90)
     with pytest.raises(ComposeError, match="not a multiple of 16"):
@@ -179,8 +179,9 @@ def test_quant_moe_pipelines_per_bucket_on_sm_90a_and_sm_89() -> None:
             assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
     # one packed copy per GEMM serves both pipelines' kernels
     assert len({g1.plan.layout for g1, _ in moe._kernels}) == 1 and len({g2.plan.layout for _, g2 in moe._kernels}) == 1
-    # grouped layouts are the standard pipeline's, also for a warp-specialized bucket's rows
-    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "standard"
+    # grouped layouts take the pipeline of an indexed bucket of as many rows per expert
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == "warp_specialized"
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 16).kernel.plan.pipeline == "standard"
     assert moe.launcher_for("w2", 4096, 128).kernel.plan.pipeline == "warp_specialized"
     old = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_89", device="cpu", bias13=b13, bias2=b2)
     assert {g.kernel.plan.pipeline for pair in old._launchers for g in pair} == {"standard"}

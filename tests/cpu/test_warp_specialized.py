@@ -125,9 +125,8 @@ def test_refusals_name_the_reason() -> None:
             compose(a8, ComputeConfig(), TuningConfig(**{**a8_tuning.to_dict(), field: value}), SM90)
     with pytest.raises(ComposeError, match="lacks 'wgmma'"):
         compose(a8, ComputeConfig(), a8_tuning, get_target("sm_89"))
-    with pytest.raises(ComposeError, match="compute.gemm='grouped_masked'"):  # (indexed: test_moe_gemm_a8_ws.py)
-        compose(LayerConfig(4096, 4096, "w8a8-fp8-channel", num_experts=4), ComputeConfig(gemm="grouped_masked"),
-                a8_tuning, SM90)
+    with pytest.raises(ComposeError, match="an MoE layer needs compute.gemm='indexed'"):  # (MoE: test_moe_*_ws.py)
+        compose(LayerConfig(4096, 4096, "w8a8-fp8-channel", num_experts=4), ComputeConfig(), a8_tuning, SM90)
 
 
 def test_a8_banded_raster_compiles_and_covers_every_tile() -> None:

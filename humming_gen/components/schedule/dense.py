@@ -76,3 +76,17 @@ class MoeIndexedPersistentSchedule(Component):
     family: ClassVar[str] = "schedule"
     provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "unit_count", "unit_coord"})
     needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+
+
+@attrs.frozen
+class MoeGroupedPersistentSchedule(Component):
+    """MoE (grouped) on a persistent grid: units (m block of an expert's row window, n tile), n tiles fastest; each
+    CTA counts the experts' m blocks from expert_layout into a prefix in shared memory (no host sync) and finds a
+    unit's expert by binary search (warp-specialized)."""
+
+    template: ClassVar[str] = "schedule/moe_grouped_persistent.cuh.j2"
+    family: ClassVar[str] = "schedule"
+    provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "ExpertRows", "kExpertsPerLane", "expert_rows",
+                                                   "count_expert_blocks", "unit_count", "unit_coord"})
+    needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+    masked: bool

@@ -1,8 +1,9 @@
 """The warp-specialized pipeline (sm_90a): a producer warpgroup filling an mbarrier ring with bulk copies and
 cp.async, consumer warpgroups dequantizing in registers into wgmma's register A operand; persistent grid with
 split-K. The heuristics give it the buckets from 17 tokens on (9 for layers of at most 3072 rows), where it beats
-the standard pipeline (humming_gen.heuristics.choose). It also generates indexed MoE GEMMs, with 16-bit or 8-bit
-activations (QuantMoE's buckets from 17 rows per expert on: humming_gen.heuristics.choose.moe_tunings)."""
+the standard pipeline (humming_gen.heuristics.choose). It also generates MoE GEMMs (indexed, grouped_contiguous,
+grouped_masked), with 16-bit or 8-bit activations (QuantMoE's buckets from 17 rows per expert on:
+humming_gen.heuristics.choose.moe_tunings, grouped_moe_tuning)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class WarpSpecialized:
         if layer.scheme.activation is not None:
             return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS)
                     + _standard_a8.scheme_reasons(layer) + _compose_a8.operand_reasons(layer)
+                    + _compose_a8.fold_reasons(layer, compute)
                     + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS) + _compose.layout_reasons(layer)
                 + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))

@@ -85,13 +85,19 @@ class WarpSpecializedPipeline(Component):
     convert_in_extract: bool
     split_k: bool
     pdl: bool
-    # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor; the units are
-    # routed m blocks (MoeIndexedPersistentSchedule), their rows gathered and scattered through the routing
+    # MoE: (Params field, constant of its bytes per expert) of each stacked weight tensor; the units are routed m
+    # blocks (indexed: MoeIndexedPersistentSchedule), their rows gathered and scattered through the routing, or
+    # m blocks of the experts' row windows (grouped: MoeGroupedPersistentSchedule)
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: str = option_field("")  # "grouped_contiguous" or "grouped_masked" ("": indexed or dense)
 
     @property
     def moe(self) -> bool:
         return bool(self.expert_tensors)
+
+    @property
+    def gather(self) -> bool:
+        return self.moe and not self.grouped
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -116,12 +122,14 @@ class WarpSpecializedPipeline(Component):
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
                   if self.split_k else {"store_output"})
-        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
+        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
-                "grouped": False, "banded": False, "a_type": "u16", "activation_scales": False,
+                "grouped": bool(self.grouped), "gemm": self.grouped, "banded": False, "a_type": "u16",
+                "activation_scales": False,
                 "a_origin": "activations may come from the previous kernel"}
 
 
@@ -150,9 +158,10 @@ class WarpSpecializedA8Pipeline(Component):
     fold: bool = option_field()  # folded group scales: the widening adds the rows' exponent deltas (exponent_fold)
     # 128 x 128 (or taller) weight blocks: one weight scale per tile and group, folded into the activation scales
     tile_weight_scale: bool = option_field()
-    # MoE (indexed), as WarpSpecializedPipeline.expert_tensors: the units are routed m blocks whose rows (codes and
-    # activation scales) are gathered and scattered through the routing
+    # MoE, as WarpSpecializedPipeline.expert_tensors and .grouped: the units are routed m blocks whose rows (codes and
+    # activation scales) are gathered and scattered through the routing, or m blocks of the experts' row windows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
+    grouped: str = option_field("")
 
     @property
     def moe(self) -> bool:
@@ -163,6 +172,10 @@ class WarpSpecializedA8Pipeline(Component):
         """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
         size copies, are read from global memory at each promotion."""
         return self.activation_groups and not self.activation_e8m0
+
+    @property
+    def gather(self) -> bool:
+        return self.moe and not self.grouped
 
     @property
     def promote_in_loop(self) -> bool:
@@ -196,7 +209,8 @@ class WarpSpecializedA8Pipeline(Component):
         needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
                   if self.staged_activation_scales else set())
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
-        needs |= {"kAGatherRegs", "gather_rows"} if self.moe else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
+        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
@@ -209,9 +223,14 @@ class WarpSpecializedA8Pipeline(Component):
                 "group_scales": self.weight_groups or self.activation_groups,
                 "staged_scales": self.weight_groups or self.staged_activation_scales,
                 "activation_scales": self.staged_activation_scales, "fold_weight_scale": folded,
-                # MoE: the activation row a token's e8m0 group scales are read from
-                "grouped": False,
-                "a_scale_row": "row" if self.moe else "m", "a_scale_valid": "row >= 0" if self.moe else "m < p.m",
+                # MoE: the expert's weight tensors (and row window), and the activation row a token's e8m0 group
+                # scales are read from (through the routing; grouped kernels read the unit's dense rows, the
+                # skeleton's own branch)
+                "params": ("for_expert(p, tc.expert, tc.row_end)" if self.grouped
+                           else "for_expert(p, tc.expert)" if self.moe else "p"),
+                "grouped": bool(self.grouped), "gemm": self.grouped, "gather": self.gather,
+                "a_scale_row": "row" if self.gather else "m",
+                "a_scale_valid": "row >= 0" if self.gather else "m < p.m",
                 # the shared ring / producer / entry partials (ring_producer, kernel_entry)
                 "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
                 "a_origin": "activation codes and scales come from the previous kernel"}

@@ -21,7 +21,8 @@ from humming_gen.components.memory.shared_reads import BChunkShared, GroupParams
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import MoeIndexedPersistentSchedule, PersistentSchedule
+from humming_gen.components.schedule.dense import (MoeGroupedPersistentSchedule, MoeIndexedPersistentSchedule,
+                                                  PersistentSchedule)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, common_reasons, constants_table,
@@ -46,8 +47,9 @@ REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
-# routing, one expert per m block). The grouped layouts stay on the standard pipeline.
-MOE_GEMMS = ("indexed",)
+# routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
+GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
+MOE_GEMMS = ("indexed",) + GROUPED_GEMMS
 
 
 @attrs.frozen
@@ -69,8 +71,14 @@ class SmemPlan:
     def total(self) -> int:
         return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full/empty barriers + alignment slack
 
-    def fits(self, target: Target) -> bool:
-        return self.total + STATIC_SMEM <= target.smem_per_block_optin
+    def fits(self, target: Target, reserved: int = 0) -> bool:
+        """`reserved`: more static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
+        return self.total + STATIC_SMEM + reserved <= target.smem_per_block_optin
+
+
+def expert_prefix_bytes(layer: LayerConfig, compute: ComputeConfig) -> int:
+    """Static shared memory of a grouped MoE schedule: each expert's first m block and the total (int32, E + 1)."""
+    return 4 * (layer.num_experts + 1) if compute.gemm in GROUPED_GEMMS else 0
 
 
 def consumer_warpgroups(tuning: TuningConfig) -> int:
@@ -159,6 +167,13 @@ def gathered_rows_per_pass(block_k: int, element_bytes: int) -> int:
     return PRODUCER_THREADS * (16 // element_bytes) // block_k
 
 
+def moe_persistent_schedule(compute: ComputeConfig) -> Component:
+    """The persistent schedule of an MoE gemm type: the routing's m blocks, or m blocks of the experts' row windows."""
+    if compute.gemm == "indexed":
+        return MoeIndexedPersistentSchedule()
+    return MoeGroupedPersistentSchedule(masked=compute.gemm == "grouped_masked")
+
+
 def moe_tuning_reasons(tuning: TuningConfig, element_bytes: int = 2) -> list[str]:
     """What an indexed MoE kernel needs of the tuning beyond a dense one (split-K: pipelines.standard.moe), with
     activations of `element_bytes` (2, or 1 for 8-bit codes)."""
@@ -174,9 +189,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     s = layer.scheme
     t = tuning
     moe = compute.gemm in MOE_GEMMS
+    gather = compute.gemm == "indexed"  # rows through the routing; grouped types read row windows
+    grouped = compute.gemm if compute.gemm in GROUPED_GEMMS else ""
     reasons = (common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + layout_reasons(layer)
                + tuning_reasons(t) + moe_reasons(layer, compute, t))
-    reasons += moe_tuning_reasons(t) if moe else []
+    reasons += moe_tuning_reasons(t) if gather else []
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:
@@ -191,22 +208,23 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     hoist = bool(group and group.group_size % t.block_k == 0)
 
     numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False)
-    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype, gather=moe), BChunkShared(bits=s.weight.bits),
+    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype, gather=gather), BChunkShared(bits=s.weight.bits),
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:
         memory.append(GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=False, pair_loads=True))
     mma: list[Component] = [WgmmaRS(dtype=dtype, n=t.block_m)]
-    schedule: list[Component] = [MoeIndexedPersistentSchedule() if moe else PersistentSchedule(split_k=t.split_k)]
+    schedule: list[Component] = [moe_persistent_schedule(compute) if moe else PersistentSchedule(split_k=t.split_k)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
-    # MoE: each row to its assignment's row of c (times its router weight), or the gated activation of GEMM1: the
-    # accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both
+    # indexed MoE: each row to its assignment's row of c (times its router weight), or the gated activation of GEMM1:
+    # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
+    # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
                                 bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1,
-                                row_map=moe, topk_weight=compute.topk_weight,
-                                gated=compute.epilogue_activation or "", tile_rows=moe))
+                                row_map=gather, topk_weight=compute.topk_weight,
+                                gated=compute.epilogue_activation or "", tile_rows=gather))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
@@ -215,7 +233,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
-                                       split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts)
+                                       split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -223,9 +241,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         raise compose_error(reasons)
 
     smem = shared_memory(layer, t)
-    if not smem.fits(target):
-        raise compose_error([f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) + {STATIC_SMEM} B "
-                             f"static exceeds {target.name}'s {target.smem_per_block_optin} B per block"])
+    prefix = expert_prefix_bytes(layer, compute)
+    if not smem.fits(target, prefix):
+        raise compose_error([f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) + "
+                             f"{STATIC_SMEM + prefix} B static exceeds {target.name}'s "
+                             f"{target.smem_per_block_optin} B per block"])
     threads = PRODUCER_THREADS * (1 + warpgroups)
     slice_bytes = b_slice_bytes(layer)
     constants = constants_table(layer, n_pad, k_pad) + [
@@ -250,6 +270,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     ]
     constants += split_k_constants(t) + group_constants(group, t.block_k)
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
+    constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
     constants += group_offset_constants(group, smem.a + smem.b, smem.group)
     launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,

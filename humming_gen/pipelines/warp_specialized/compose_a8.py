@@ -19,7 +19,9 @@ MoE (indexed, as the 16-bit warp-specialized MoE and the standard 8-bit one): pe
 rebased per unit, rows of activation codes gathered through the routing by the producer, each token column's
 activation scales (per token in the epilogue, per group at promotion) those of the row its assignment reads,
 sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations. Folded group
-scales: each expert's exponent deltas and row factors (b_exponent, out_scale) rebased with its weights.
+scales: each expert's exponent deltas and row factors (b_exponent, out_scale) rebased with its weights (indexed
+only). Grouped layouts read dense row windows of codes and their rows' activation scales
+(MoeGroupedPersistentSchedule).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
 from humming_gen.components.numeric.exponent_fold import STEP_K, ExponentFold
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
-from humming_gen.components.schedule.dense import MoeIndexedPersistentSchedule, PersistentSchedule
+from humming_gen.components.schedule.dense import PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.config.tuning import BAND_M
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
@@ -45,7 +47,8 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
                                           split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.standard.moe import expert_tensors, moe_name_suffix, moe_reasons
-from humming_gen.pipelines.warp_specialized.compose import MOE_GEMMS, moe_tuning_reasons, ring_reasons
+from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_GEMMS, expert_prefix_bytes,
+                                                            moe_persistent_schedule, moe_tuning_reasons, ring_reasons)
 from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATileSw128CpAsync,
                                                                WarpSpecializedA8Pipeline, WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
@@ -80,8 +83,9 @@ class SmemPlanA8:
     def total(self) -> int:
         return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full / empty barriers + alignment slack
 
-    def fits(self, target: Target) -> bool:
-        return self.total <= target.smem_per_block_optin
+    def fits(self, target: Target, reserved: int = 0) -> bool:
+        """`reserved`: static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
+        return self.total + reserved <= target.smem_per_block_optin
 
 
 def b_slice_bytes(layer: LayerConfig) -> int:
@@ -181,12 +185,21 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
-def a8_moe_tuning_reasons(tuning: TuningConfig) -> list[str]:
-    """What an indexed MoE kernel with 8-bit activations needs of the tuning beyond a dense one."""
-    reasons = moe_tuning_reasons(tuning, element_bytes=1)
+def a8_moe_tuning_reasons(tuning: TuningConfig, gather: bool) -> list[str]:
+    """What an MoE kernel with 8-bit activations needs of the tuning beyond a dense one (`gather`: indexed)."""
+    reasons = moe_tuning_reasons(tuning, element_bytes=1) if gather else []
     if tuning.raster != "n_major":
-        reasons.append(f"tuning.raster={tuning.raster!r}: MoE units walk each routed m block's n tiles ('n_major')")
+        reasons.append(f"tuning.raster={tuning.raster!r}: MoE units walk each m block's n tiles ('n_major')")
     return reasons
+
+
+def fold_reasons(layer: LayerConfig, compute: ComputeConfig) -> list[str]:
+    """Folded group scales are generated for dense and indexed MoE GEMMs; grouped layouts of a folded layer stay on
+    the standard pipeline, which reads the same weight's group scales."""
+    if layer.fold_scales and compute.gemm in GROUPED_GEMMS:
+        return [f"fold_scales=True with gemm={compute.gemm!r}: folded group scales are generated for dense and indexed "
+                f"MoE GEMMs (the standard pipeline serves this)"]
+    return []
 
 
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
@@ -194,10 +207,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
     moe = compute.gemm in MOE_GEMMS
+    gather = compute.gemm == "indexed"  # rows through the routing; grouped types read row windows
+    grouped = compute.gemm if compute.gemm in GROUPED_GEMMS else ""
     reasons = (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=MOE_GEMMS)
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
-    reasons += a8_moe_tuning_reasons(t) if moe else []
+    reasons += a8_moe_tuning_reasons(t, gather) if moe else []
+    reasons += fold_reasons(layer, compute)
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -214,24 +230,25 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=moe),
+    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups)]
     if staged_activation_scales(layer):
-        memory.append(ActivationScalesStage(gather=moe))
+        memory.append(ActivationScalesStage(gather=gather))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
-    schedule: list[Component] = [MoeIndexedPersistentSchedule() if moe else
+    schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
                                  PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
                                              leader=f"threadIdx.x == {PRODUCER_THREADS}"))
-    # MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or the gated
-    # activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators spill)
+    # indexed MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or
+    # the gated activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators
+    # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold,
                                 bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
-                                fragment_store=t.split_k > 1, row_map=moe, topk_weight=compute.topk_weight,
-                                gated=compute.epilogue_activation or "", tile_rows=moe))
+                                fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
+                                gated=compute.epilogue_activation or "", tile_rows=gather))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
     # deltas and the row factors in out_scale, per expert like the group scales they replace)
@@ -246,14 +263,16 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
-                                         expert_tensors=experts)
+                                         expert_tensors=experts, grouped=grouped)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
     smem = shared_memory(layer, t)
-    if not smem.fits(target):
-        reasons.append(f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) exceeds {target.name}'s "
-                       f"{target.smem_per_block_optin} B per block")
+    prefix = expert_prefix_bytes(layer, compute)
+    if not smem.fits(target, prefix):
+        static = f" + {prefix} B static" if prefix else ""
+        reasons.append(f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B){static} exceeds "
+                       f"{target.name}'s {target.smem_per_block_optin} B per block")
     if reasons:
         raise compose_error(reasons)
 
@@ -301,10 +320,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
                       ("kActivationScaleOffset", scales_offset + smem.weight_scales,
                        "a stage's activation group scales: [group slot][kBlockM] fp32, after the weight scales")]
-    elif moe and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
+    elif gather and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
         constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
                           "activation row of each token of the unit, one per 32 tokens"))
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
+    constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
     launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count, experts=layer.num_experts if moe else 1,

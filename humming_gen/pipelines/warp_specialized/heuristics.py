@@ -73,12 +73,13 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     return deepest(layer, target, fields)
 
 
-def deepest(layer: LayerConfig, target: Target, fields: dict) -> TuningConfig:
-    """The tuning with as many stages as shared memory holds (at least 2), by the ring of the layer's activations."""
+def deepest(layer: LayerConfig, target: Target, fields: dict, reserved: int = 0) -> TuningConfig:
+    """The tuning with as many stages as shared memory holds (at least 2), by the ring of the layer's activations,
+    beside `reserved` bytes of static shared memory (a grouped MoE schedule's expert prefix)."""
     plan = compose_a8.shared_memory if layer.scheme.activation is not None else shared_memory
     stages = 2
     for s in range(2, MAX_STAGES + 1):
-        if plan(layer, TuningConfig(**fields, stages=s)).fits(target):
+        if plan(layer, TuningConfig(**fields, stages=s)).fits(target, reserved):
             stages = s
     return TuningConfig(**fields, stages=stages)
 
@@ -93,13 +94,14 @@ def deepest(layer: LayerConfig, target: Target, fields: dict) -> TuningConfig:
 MOE_BUCKETS = ((8, 8), (16, 16), (32, 32), (64, 64), (None, 128))
 
 
-def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int) -> TuningConfig:
-    """The tuning of an indexed MoE GEMM with `block_m` tokens per tile."""
+def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
+    """The tuning of an MoE GEMM with `block_m` tokens per tile (indexed; grouped ones reserve their schedule's
+    expert prefix, `reserved` bytes of static shared memory)."""
     if layer.scheme.activation is not None:
-        return moe_tuning_for_a8(layer, target, block_m)
+        return moe_tuning_for_a8(layer, target, block_m, reserved)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
                   warps_m=1, warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", split_k=1)
-    return deepest(layer, target, fields)
+    return deepest(layer, target, fields, reserved)
 
 
 def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
@@ -146,7 +148,7 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     return deepest(layer, target, fields)
 
 
-def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int) -> TuningConfig:
+def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
     """The tuning of an indexed MoE GEMM with 8-bit activations and `block_m` tokens per tile: the dense 8-bit
     kernels' 128-row tiles and 128-k stages, except that an 8-token tile takes 256-k stages (the producer gathers
     16 rows of 128 codes per pass, 8 of 256). Tokens per tile as the 16-bit MoE buckets (MOE_BUCKETS), capped at 32
@@ -160,7 +162,7 @@ def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int) -> Tunin
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
                   block_k=block_k, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
                   b_load="tma", scale_load="tma", split_k=1)
-    return deepest(layer, target, fields)
+    return deepest(layer, target, fields, reserved)
 
 
 def choose_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
