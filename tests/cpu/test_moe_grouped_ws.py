@@ -72,8 +72,11 @@ def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(gem
     assert plan.launch.units(1000) == consts["kNTiles"] * m_blocks(1000, 128, 257, gemm)
     assert plan.grid(10**6)[0] == SM90.sm_count
     a8 = hg.kernel.generate(_plans(_layer("w8a8-fp8-block128"), gemm, (128,))[0], "nvrtc")
-    assert "a_scales[static_cast<long long>(min(m, p.m - 1)) * cfg::kActivationGroups + a_group]" in a8
-    assert "load_weight_group_scales(w_scale, for_expert(p, tc.expert, tc.row_end)," in a8
+    # the window's rows' activation group scales and the expert's weight scales are staged with each stage
+    assert "activation_scale_rows(a_scale_rows, tc.row_end, tc.m0);" in a8
+    assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in a8
+    mx = hg.kernel.generate(_plans(_layer("w8a8-mxfp8"), gemm, (32,))[0], "nvrtc")  # e8m0: read at promotion
+    assert "a_scales[static_cast<long long>(min(m, p.m - 1)) * cfg::kActivationGroups + a_group]" in mx
 
 
 def test_grouped_ws_symbol_declarations_match_the_source() -> None:
