@@ -34,3 +34,18 @@ def used(component, symbols: set[str]) -> set[str]:
     """Which of `symbols` the component's source mentions (beyond its own definitions)."""
     code = code_of(rendered(component))
     return (set(_IDENTIFIER.findall(code)) & symbols) - defined(component)
+
+
+def declaration_mismatches(plan) -> dict[str, str]:
+    """The components of a KernelPlan whose declared provides / needs differ from the symbols their rendered source
+    defines / uses: component description -> what it defines and uses against what it declares."""
+    from humming_gen.pipelines.common import RENDERED_SYMBOLS
+
+    everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
+    wrong = {}
+    for c in plan.components:
+        found, mentioned = defined(c) - {plan.kernel_name}, used(c, everything)
+        if found != set(c.provides) or mentioned != set(c.needs):
+            wrong[c.describe()] = (f"defines {sorted(found)} declares {sorted(c.provides)}; "
+                                   f"uses {sorted(mentioned)} declares {sorted(c.needs)}")
+    return wrong

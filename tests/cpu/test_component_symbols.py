@@ -11,9 +11,9 @@ from humming_gen.codegen.compose import ComposeError, compose
 from humming_gen.components.numeric.scale_apply import SubtractOffsetScale
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
-from humming_gen.pipelines.common import RENDERED_SYMBOLS, missing_symbols
+from humming_gen.pipelines.common import missing_symbols
 from humming_gen.targets import get_target
-from symbols import defined, used
+from symbols import declaration_mismatches
 
 
 def _plans():
@@ -47,13 +47,7 @@ def test_plans_cover_both_pipelines() -> None:
 def test_declarations_match_the_rendered_source() -> None:
     wrong = {}
     for plan in PLANS:
-        everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
-        for c in plan.components:
-            found = defined(c) - {plan.kernel_name}
-            mentioned = used(c, everything)
-            if found != set(c.provides) or mentioned != set(c.needs):
-                wrong[c.describe()] = (f"defines {sorted(found)} declares {sorted(c.provides)}; "
-                                       f"uses {sorted(mentioned)} declares {sorted(c.needs)}")
+        wrong.update(declaration_mismatches(plan))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
 
 

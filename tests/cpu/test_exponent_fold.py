@@ -302,18 +302,12 @@ def test_folded_source_promotes_no_group_scales() -> None:
 
 
 def test_component_declarations_match_the_rendered_source() -> None:
-    from humming_gen.pipelines.common import RENDERED_SYMBOLS
-    from symbols import defined, used
+    from symbols import declaration_mismatches
 
     layer = LayerConfig(4000, 3072, SCHEME, fold_scales=True, has_bias=True)
     wrong = {}
     for t in choose_tunings(layer, SM90).tunings():
-        plan = compose(layer, ComputeConfig(), t, SM90)
-        everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
-        for c in plan.components:
-            found, mentioned = defined(c) - {plan.kernel_name}, used(c, everything)
-            if found != set(c.provides) or mentioned != set(c.needs):
-                wrong[c.describe()] = f"defines {sorted(found)} uses {sorted(mentioned)}"
+        wrong.update(declaration_mismatches(compose(layer, ComputeConfig(), t, SM90)))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
 
 

@@ -168,17 +168,12 @@ def test_quant_moe_folds_only_where_warp_specialized_kernels_run() -> None:
 
 def test_component_declarations_match_the_folded_moe_source() -> None:
     """Each component of the folded MoE kernels defines and uses exactly the device symbols it declares."""
-    from humming_gen.pipelines.common import RENDERED_SYMBOLS
-    from symbols import defined, used
+    from symbols import declaration_mismatches
 
     plans = (_plans(_layer(1024, 2048, has_bias=True), WEIGHTED, block_ms=(8, 128))
              + _plans(_layer(1024, 2048), ComputeConfig(gemm="indexed", epilogue_activation="swiglu_oai"),
                       block_ms=(64,)))
     wrong = {}
     for plan in plans:
-        everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
-        for c in plan.components:
-            found, mentioned = defined(c) - {plan.kernel_name}, used(c, everything)
-            if found != set(c.provides) or mentioned != set(c.needs):
-                wrong[c.describe()] = f"defines {sorted(found)} uses {sorted(mentioned)}"
+        wrong.update(declaration_mismatches(plan))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())

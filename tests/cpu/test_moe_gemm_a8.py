@@ -115,20 +115,14 @@ def test_dense_a8_sources_have_no_moe_trace() -> None:
 
 def test_component_declarations_match_the_rendered_source() -> None:
     """Each component of the A8 MoE kernels defines and uses exactly the device symbols it declares."""
-    from humming_gen.pipelines.common import RENDERED_SYMBOLS
-    from symbols import defined, used
+    from symbols import declaration_mismatches
 
     computes = list(GEMMS.values()) + [ComputeConfig(gemm="indexed", epilogue_activation="swiglu_oai")]
     wrong = {}
     for scheme in ("w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-fp8-tensor"):
         for compute in computes:
             for plan in _plans(scheme, "sm_90a", compute, buckets=slice(None, None, 5)):
-                everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
-                for c in plan.components:
-                    found, mentioned = defined(c) - {plan.kernel_name}, used(c, everything)
-                    if found != set(c.provides) or mentioned != set(c.needs):
-                        wrong[c.describe()] = (f"defines {sorted(found)} declares {sorted(c.provides)}; "
-                                               f"uses {sorted(mentioned)} declares {sorted(c.needs)}")
+                wrong.update(declaration_mismatches(plan))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
 
 

@@ -394,17 +394,11 @@ def test_prepared_weight(scheme: str) -> None:
 def test_component_declarations_match_the_rendered_source() -> None:
     """provides / needs of every component of the W4A8 kernels against what its rendered template defines and
     uses (the check of test_component_symbols.py, on these schemes and every int / e4m3 widening mode)."""
-    from humming_gen.pipelines.common import RENDERED_SYMBOLS
-    from symbols import defined, used
+    from symbols import declaration_mismatches
 
     wrong = {}
     for scheme in (W4A8_INT_G128, W4A8_INT_CHANNEL, "w4a8-int4-g128-fp8", "w4a8-mxfp4-fp8", INT3_INT8):
         layer = LayerConfig(4096, 4096, scheme, has_bias=True)
         for t in choose_tunings(layer, get_target("sm_90a")).tunings():
-            plan = compose(layer, ComputeConfig(), t, get_target("sm_90a"))
-            everything = set(RENDERED_SYMBOLS).union(*(c.provides for c in plan.components))
-            for c in plan.components:
-                found, mentioned = defined(c) - {plan.kernel_name}, used(c, everything)
-                if found != set(c.provides) or mentioned != set(c.needs):
-                    wrong[c.describe()] = f"defines {sorted(found)} uses {sorted(mentioned)}"
+            wrong.update(declaration_mismatches(compose(layer, ComputeConfig(), t, get_target("sm_90a"))))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
