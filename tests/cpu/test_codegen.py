@@ -346,13 +346,17 @@ def hg_scheme(**kwargs):
 
 
 @pytest.mark.parametrize("gemm", ["grouped_contiguous", "grouped_masked"])
-def test_error_unsupported_gemm(gemm: str) -> None:
-    """Grouped MoE gemm types compose on the standard pipeline (tests/cpu/test_moe_gemm.py), not the warp-specialized
-    one, which generates indexed MoE GEMMs only (tests/cpu/test_moe_gemm_ws.py)."""
+def test_grouped_gemms_compose_on_both_pipelines(gemm: str) -> None:
+    """Grouped MoE gemm types compose on the standard pipeline (tests/cpu/test_moe_gemm.py) and, on sm_90a, the
+    warp-specialized one (tests/cpu/test_moe_grouped_ws.py), a layer of one expert included; the router weights
+    stay the caller's for grouped layouts."""
     from humming_gen.heuristics import choose_tunings
 
     ws = choose_tunings(_LAYER, get_target("sm_90a")).for_m(1024)
-    assert f"compute.gemm={gemm!r}" in _compose_error(compute=ComputeConfig(gemm=gemm), tuning=ws)
+    plan = compose(_LAYER, ComputeConfig(gemm=gemm), ws, get_target("sm_90a"))
+    assert plan.pipeline == "warp_specialized" and plan.compute.gemm == gemm
+    assert "router weights are applied by the caller" in _compose_error(
+        compute=ComputeConfig(gemm=gemm, topk_weight=True), tuning=ws)
 
 
 def test_error_indexed_gemm_needs_experts_not_split_k() -> None:
