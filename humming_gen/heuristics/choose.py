@@ -122,12 +122,22 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
             raise ValueError("the warp-specialized pipeline cannot serve these MoE GEMMs:\n  - "
                              + "\n  - ".join(reasons))
         return list(standard)
-    ws = [choose_moe_tunings(layer, target) for layer in layers]
+    ws = _shared_token_tiles([choose_moe_tunings(layer, target) for layer in layers], layers, target)
     if pipeline == "warp_specialized":
         return ws
     return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < WS_MOE_FROM_ROWS]
                              + [(m, t) for m, t in plan.buckets if m is None or m >= WS_MOE_FROM_ROWS]))
             for std, plan in zip(standard, ws)]
+
+
+def _shared_token_tiles(plans: list[TuningPlan], layers: list[LayerConfig], target: Target) -> list[TuningPlan]:
+    """Every GEMM of a layer takes the smallest of their token tiles in each bucket: one moe_align routing, padded
+    to one tile, serves them all (a GEMM whose own heuristics cap its tile, e.g. MXFP8's group-32 activation
+    scales, beside one that runs 16-bit activations)."""
+    smallest = [min(plan.buckets[i][1].block_m for plan in plans) for i in range(len(plans[0].buckets))]
+    return [TuningPlan(tuple((m, t if t.block_m == bm else moe_tuning_for(layer, target, bm))
+                             for (m, t), bm in zip(plan.buckets, smallest)))
+            for plan, layer in zip(plans, layers)]
 
 
 def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: ComputeConfig, target: Target | str,

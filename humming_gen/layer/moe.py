@@ -389,10 +389,12 @@ class QuantMoE(torch.nn.Module):
         tiled for about `rows_per_expert` rows per expert; compiled on first use (warm up before a CUDA graph
         capture). It reads the layer's packed weights, on the pipeline an indexed GEMM of that many rows per expert
         takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows per expert on sm_90a);
-        `pipeline` (else the layer's own pipeline=) forces "standard" or "warp_specialized"."""
+        `pipeline` forces "standard" or "warp_specialized"; without it the layer's own pipeline= applies where that
+        pipeline serves the grouped GEMM (a folded GEMM's grouped kernels are standard)."""
         from humming_gen.codegen import compose
         from humming_gen.heuristics import grouped_moe_tuning
         from humming_gen.kernel import build_many
+        from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 
         if weight not in ("w13", "w2"):
             raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
@@ -403,8 +405,12 @@ class QuantMoE(torch.nn.Module):
                              "with fused_activation=False to run grouped gate/up GEMMs")
         index = 0 if weight == "w13" else 1
         layer, compute = self._layer_configs[index], ComputeConfig(gemm=gemm)
+        if pipeline is None:  # the layer's own pipeline=, where that pipeline serves grouped GEMMs of this weight
+            pipeline = self.pipeline
+            if pipeline == "warp_specialized" and WARP_SPECIALIZED.supports(layer, compute, self.target):
+                pipeline = "standard"  # e.g. a folded GEMM: folded scales are generated for indexed kernels only
         tuning = grouped_moe_tuning(self._standard_plans[index], layer, compute, self.target, rows_per_expert,
-                                    pipeline=pipeline or self.pipeline)
+                                    pipeline=pipeline)
         key = (weight, gemm, tuning)
         launcher = self._grouped.get(key)
         if launcher is None:

@@ -50,6 +50,18 @@ def test_window_of_e2m1_is_exact_for_every_code_and_as_wide_as_can_be() -> None:
     assert not _normal_e4m3(values * 2.0 ** 7)  # 6 * 2^7 = 768 > 448
 
 
+def test_formats_with_e4m3_subnormal_values_do_not_fold() -> None:
+    """The lookup adds d to the exponent fields of the values' own e4m3 codes: a format with a value below e4m3's
+    smallest normal (e2m1 with bias 7: 2^-7) would widen wrongly for every d, though some d make all its values
+    normal; its window is None and the fold is refused."""
+    from humming_gen.formats import FloatType
+
+    low = FloatType(2, 1, bias=7)
+    assert float(low.decode(torch.tensor([1])).item()) == 2.0 ** -7
+    assert exponent_window(low) is None
+    assert "not all normal e4m3 values" in weight_reasons(low)[0]
+
+
 def _fp8(weight: str, **kw) -> hg.QuantScheme:
     kw = {"group_size": 32, "scale_dtype": "float8e8m0", **kw}
     return hg.QuantScheme(weight, activation=hg.ActivationScheme("float8e4m3", granularity="token"), **kw)

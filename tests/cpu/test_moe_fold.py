@@ -177,3 +177,17 @@ def test_component_declarations_match_the_folded_moe_source() -> None:
     for plan in plans:
         wrong.update(declaration_mismatches(plan))
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
+
+
+def test_grouped_gemms_of_a_folded_layer_run_standard_also_under_pipeline_warp_specialized() -> None:
+    """The layer's own pipeline= applies to grouped GEMMs where that pipeline serves them; a folded GEMM's grouped
+    kernels are standard (folded scales are generated for indexed kernels), an explicit pipeline= still forces."""
+    torch.manual_seed(5)
+    w13, w2 = torch.randn(8, 256, 256) * 0.05, torch.randn(8, 256, 128) * 0.05
+    moe = QuantMoE.from_float(w13, w2, hg.scheme("w4a8-mxfp4-fp8"), target="sm_90a", device="cpu",
+                              pipeline="warp_specialized")
+    assert moe.fold_scales == (True, True)
+    for gemm in ("grouped_masked", "grouped_contiguous"):
+        assert moe.grouped_launcher("w2", gemm, 100).kernel.plan.pipeline == "standard"
+        with pytest.raises(ValueError, match="folded group scales are generated for dense and indexed"):
+            moe.grouped_launcher("w2", gemm, 100, pipeline="warp_specialized")

@@ -268,3 +268,16 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     assert {g.kernel.plan.tuning.mma for pair in standard._launchers for g in pair} == {"m16n8k32"}
     with pytest.raises(ValueError, match="lacks 'wgmma'"):
         QuantMoE.from_float(w13, w2, scheme, target="sm_89", device="cpu", pipeline="warp_specialized", strict=True)
+
+
+def test_gemms_share_token_tiles_when_one_falls_back_to_16_bit_activations() -> None:
+    """MXFP8 caps its 8-bit MoE tiles at 32 tokens (group-32 activation scales); a down GEMM whose K (I = 80) is no
+    multiple of 32 runs 16-bit activations, whose own tiles are larger: both take the smaller tile per bucket, since
+    one moe_align routing serves both GEMMs."""
+    torch.manual_seed(2)
+    w13, w2 = torch.randn(4, 160, 256) * 0.05, torch.randn(4, 256, 80) * 0.05
+    moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu")
+    assert moe.compute_dtypes == ("float8e4m3", "bfloat16")
+    assert moe.block_ms == [8, 16, 32, 32, 32]
+    for g1, g2 in moe._launchers:
+        assert g1.kernel.plan.tuning.block_m == g2.kernel.plan.tuning.block_m

@@ -39,7 +39,9 @@ E4M3 = dtype("float8e4m3")
 
 def exponent_window(weight: DType) -> tuple[int, int] | None:
     """(lo, hi): the deltas d for which every nonzero value of `weight` times 2^d is a normal e4m3 value, or None
-    where there is none (an interval: the smallest magnitude bounds lo, the largest bounds hi)."""
+    where there is none (an interval: the smallest magnitude bounds lo, the largest bounds hi). The folded lookup
+    adds d to the exponent fields of the values' own e4m3 codes, so the window must hold d = 0: a format with
+    values below e4m3's smallest normal (subnormal codes) does not fold."""
     values = weight.decode(torch.arange(1 << weight.bits)).to(torch.float64)
     values = values[values != 0]
     assert isinstance(E4M3, FloatType)
@@ -50,7 +52,7 @@ def exponent_window(weight: DType) -> tuple[int, int] | None:
         exact = torch.equal(E4M3.decode(E4M3.encode(scaled)).to(torch.float64), scaled)
         if exact and bool((scaled.abs() >= smallest_normal).all()):
             fits.append(d)
-    return (fits[0], fits[-1]) if fits else None
+    return (fits[0], fits[-1]) if fits and fits[0] <= 0 <= fits[-1] else None
 
 
 def weight_reasons(weight: DType) -> list[str]:
@@ -65,7 +67,8 @@ def weight_reasons(weight: DType) -> list[str]:
         return [f"weight format {weight.name}: the folded lookup holds magnitudes, the sign in a 4-bit code's top "
                 f"bit (codes 8-15 are codes 0-7 negated, as in e2m1)"]
     if exponent_window(weight) is None:
-        return [f"weight format {weight.name}: no power of two keeps its values normal e4m3 values"]
+        return [f"weight format {weight.name}: its nonzero values are not all normal e4m3 values (the folded lookup "
+                f"adds exponents to their e4m3 codes)"]
     return []
 
 
