@@ -52,13 +52,18 @@ def scales_fold(qweight: QuantizedWeight) -> bool:
     window (components.numeric.exponent_fold), of every expert for an (E, N, K) MoE weight (its kernels are
     composed once for all experts). Decided from the data alone, so a layer built twice decides alike; where it
     does not fold, the group scales stay on the promotion path."""
-    from humming_gen.components.numeric.exponent_fold import exponent_window, fold_exponents, fold_reasons
+    from humming_gen.components.numeric.exponent_fold import (empty_groups, exponent_window, fold_exponents,
+                                                              fold_reasons)
 
     if fold_reasons(qweight.scheme):
         return False
     window = exponent_window(qweight.scheme.weight)
-    rows = qweight.scales.reshape(-1, qweight.scales.shape[-1])  # (E, N, groups): the experts' rows one after another
-    return window is not None and fold_exponents(rows, window) is not None
+    if window is None:
+        return False
+    groups = qweight.scales.shape[-1]
+    rows = qweight.scales.reshape(-1, groups)  # (E, N, groups): the experts' rows one after another
+    empty = empty_groups(qweight.codes, qweight.scheme.weight, qweight.scheme.group_size).reshape(-1, groups)
+    return fold_exponents(rows, window, empty) is not None
 
 
 def fold_serves(layer: "LayerConfig", tunings: "TuningPlan", target: "Target") -> bool:

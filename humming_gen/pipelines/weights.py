@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from humming_gen.components.numeric.halfbits import TORCH_DTYPE
-from humming_gen.components.numeric.exponent_fold import ExponentFold, fold_exponents, pack_exponents
+from humming_gen.components.numeric.exponent_fold import (ExponentFold, empty_groups, fold_exponents,
+                                                           pack_exponents)
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
@@ -137,7 +138,8 @@ def _fold_scales(lay, qw: QuantizedWeight, extra: torch.Tensor | None, device: t
     """(b_exponent, out_scale) of the folded e8m0 group scales (components.numeric.exponent_fold): the deltas in
     the kernel's word layout and the rows' factor 2^r (times a channel scale the group scales do not carry); the
     fp32 group scales stay for the kernels that promote them. ValueError where the data does not fold."""
-    folded = fold_exponents(qw.scales.to(device), ExponentFold(weight=qw.scheme.weight).window)
+    empty = empty_groups(qw.codes.to(device), qw.scheme.weight, qw.scheme.group_size)
+    folded = fold_exponents(qw.scales.to(device), ExponentFold(weight=qw.scheme.weight).window, empty)
     if folded is None:
         raise ValueError("fold_scales=True: the group scales do not fold (a row's exponents span more than the "
                          "window, or a scale is not a power of two; humming_gen.layer.weights.scales_fold decides)")

@@ -195,6 +195,25 @@ def test_fold_exponents_match_a_torch_reference_and_refuse_wide_rows() -> None:
         assert fold_exponents(torch.full((2, 2), bad), (-5, 6)) is None, bad
 
 
+def test_empty_groups_neither_bound_their_row_nor_block_the_fold() -> None:
+    """A group whose codes are all zero multiplies nothing: its scale (the quantizer gives such groups 2^0, far from
+    a small row's) is left out of the row's exponent and span, its delta is clamped into the window."""
+    from humming_gen.components.numeric.exponent_fold import empty_groups
+
+    scales = torch.ldexp(torch.ones(2, 4, dtype=torch.float64), torch.tensor([[-20, -21, 0, -25], [3, 3, 3, 3]])).float()
+    assert fold_exponents(scales, (-5, 6)) is None  # the 2^0 group spans 25 binades beside the others
+    empty = torch.tensor([[False, False, True, False], [True, True, True, True]])
+    folded = fold_exponents(scales, (-5, 6), empty)
+    assert folded is not None
+    assert folded.row_exponent.tolist() == [-26, 0]  # row 0: largest used exponent -20 minus 6; row 1: all empty
+    assert folded.deltas[0].tolist() == [6, 5, 6, 1] and folded.deltas[1].tolist() == [0, 0, 0, 0]
+    nan = scales.clone()
+    nan[0, 2] = float("nan")  # an empty group's scale is never read
+    assert fold_exponents(nan, (-5, 6), empty) is not None
+    codes = torch.tensor([[0, 8, 1, 0, 8, 8, 0], [0, 0, 0, 0, 0, 0, 9]], dtype=torch.uint8)  # e2m1: 8 is -0
+    assert empty_groups(codes, E2M1, 2).tolist() == [[True, False, True, True], [True, True, True, False]]
+
+
 def test_exponent_words_follow_the_documented_layout() -> None:
     """Word [n block][128-k block][row], byte j: the row's k32 step 4 * block + j, d mod 16 in bits 3-6; steps
     of a group of 64 repeat its delta, steps past the last group take its delta, padded rows hold 0."""
@@ -262,6 +281,28 @@ def test_layer_folds_random_mxfp4_and_falls_back_for_a_wide_row() -> None:
                if k.plan.pipeline == "warp_specialized")
     w[5, 64:96] *= 2.0  # 11 binades: folds again
     assert hg.QuantLinear.from_float(w, SCHEME, target="sm_90a", device="cpu").fold_scales
+
+
+def test_a_layer_with_an_all_zero_group_still_folds() -> None:
+    """Small weights (e8m0 exponents around -16) with one group of zeros (scale 2^0): the layer folds, and its
+    prepared scales give back every used group's scale."""
+    n, k = 256, 1024
+    w = _weight(n, k) * 0.001
+    w[3, 256:288] = 0.0
+    qw = hg.scheme(SCHEME).quantize(w)
+    assert float(qw.scales[3, 8]) == 1.0 and float(qw.scales[3].min()) < 2.0 ** -12
+    layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
+    assert layer.fold_scales
+    pw, lay = layer.weight, layer.kernels[-1].plan.layout
+    fields = torch.stack([(pw.b_exponent[:, s // 4, :].reshape(-1) >> 8 * (s % 4)) & 0xFF
+                          for s in range(lay.k_pad // 32)], 1)
+    d = (fields >> 3).long()
+    d = torch.where(d >= 8, d - 16, d)[:n]
+    rebuilt = (pw.out_scale[:n, None].double() * torch.ldexp(torch.ones_like(d, dtype=torch.float64), d)).float()
+    used = torch.ones(n, k // 32, dtype=torch.bool)
+    used[3, 8] = False
+    assert torch.equal(rebuilt[used], qw.scales[used])
+    assert -5 <= int(d[3, 8]) <= 6
 
 
 def test_layer_folds_only_where_warp_specialized_kernels_run() -> None:

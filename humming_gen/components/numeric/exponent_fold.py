@@ -97,20 +97,35 @@ class FoldedExponents:
     deltas: torch.Tensor  # (N, groups) int32: the group's 2^d[n, g] (in the operand)
 
 
-def fold_exponents(scales: torch.Tensor, window: tuple[int, int]) -> FoldedExponents | None:
+def fold_exponents(scales: torch.Tensor, window: tuple[int, int],
+                   empty: torch.Tensor | None = None) -> FoldedExponents | None:
     """Split power-of-two group scales (N, groups) into 2^r[n] * 2^d[n, g] with d in `window`: r[n] = the row's
     largest exponent minus window[1]. None where some row's exponents span more than the window, or a scale is
-    not a finite positive power of two (the layer keeps the promotion path)."""
+    not a finite positive power of two (the layer keeps the promotion path). `empty` (N, groups): groups whose codes
+    are all zero (empty_groups), whose scale multiplies nothing: they neither bound the row nor need their own
+    delta (theirs is clamped into the window; the lookup maps zero codes to zero whatever the delta)."""
     s = scales.to(torch.float64)
-    mantissa, exponent = torch.frexp(s)
-    if not bool(((mantissa == 0.5) & torch.isfinite(s)).all()):
+    used = torch.ones_like(s, dtype=torch.bool) if empty is None else ~empty.to(s.device)
+    mantissa, exponent = torch.frexp(torch.where(used, s, 1.0))
+    if not bool(((mantissa == 0.5) & torch.isfinite(s) | ~used).all()):
         return None
     exponent = exponent.to(torch.int32) - 1
-    row = exponent.amax(dim=1) - window[1]
+    row = torch.where(used, exponent, torch.iinfo(torch.int32).min).amax(dim=1)
+    row = torch.where(used.any(dim=1), row, window[1]) - window[1]  # a row of empty groups: r = 0
     deltas = exponent - row[:, None]
-    if bool((deltas < window[0]).any()):
+    if bool((used & (deltas < window[0])).any()):
         return None
-    return FoldedExponents(row_exponent=row, deltas=deltas)
+    return FoldedExponents(row_exponent=row, deltas=deltas.clamp(window[0], window[1]))
+
+
+def empty_groups(codes: torch.Tensor, weight: DType, group_size: int) -> torch.Tensor:
+    """(..., N, groups) bool: the groups along K whose codes all decode to zero (+0 and -0 alike), the last group
+    possibly partial."""
+    zero = weight.decode(codes.long()).to(torch.float32) == 0
+    k = codes.shape[-1]
+    pad = -k % group_size
+    zero = torch.nn.functional.pad(zero, (0, pad), value=True)
+    return zero.view(*zero.shape[:-1], (k + pad) // group_size, group_size).all(dim=-1)
 
 
 def pack_exponents(deltas: torch.Tensor, group_size: int, n_pad: int, k_pad: int) -> torch.Tensor:
