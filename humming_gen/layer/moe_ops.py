@@ -256,8 +256,8 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     layout="grouped_contiguous": a (R, K) with expert e's rows [expert_layout[e], expert_layout[e + 1]) (E + 1
         int32 offsets, DeepGEMM's contiguous layout without padding); out (R, N). The offsets must start at 0 and
         never decrease, the last at most R: they stay on the GPU (no host sync), so they are not checked, and
-        overlapping windows would have two experts write the same rows. The kernels clamp every window to [0, R],
-        so bad offsets cost time or give wrong rows, never an access outside a and out.
+        overlapping windows would have two experts write the same rows (the warp-specialized kernels clamp every
+        window to [0, R]; the standard ones take the offsets as given).
     weight: "w13" (N = 2I) or "w2" (N = H).
     A layer whose scheme quantizes activations quantizes the rows of `a` first (a dynamic per-tensor scale is
     refused for grouped_masked: its amax would read the rows past the counts).
