@@ -60,6 +60,7 @@ def test_formats_with_e4m3_subnormal_values_do_not_fold() -> None:
     assert float(low.decode(torch.tensor([1])).item()) == 2.0 ** -7
     assert exponent_window(low) is None
     assert "not all normal e4m3 values" in weight_reasons(low)[0]
+    assert weight_reasons(E2M1) == []
 
 
 def _fp8(weight: str, **kw) -> hg.QuantScheme:

@@ -66,6 +66,10 @@ def weight_reasons(weight: DType) -> list[str]:
     if mode != "sign_magnitude":
         return [f"weight format {weight.name}: the folded lookup holds magnitudes, the sign in a 4-bit code's top "
                 f"bit (codes 8-15 are codes 0-7 negated, as in e2m1)"]
+    magnitudes = weight.decode(torch.arange(1, 8)).to(torch.float64)
+    if bool((magnitudes == 0).any()):
+        return [f"weight format {weight.name}: a code other than 0 has the value 0 (the folded lookup leaves only "
+                f"code 0's entry at zero)"]
     if exponent_window(weight) is None:
         return [f"weight format {weight.name}: its nonzero values are not all normal e4m3 values (the folded lookup "
                 f"adds exponents to their e4m3 codes)"]
