@@ -71,8 +71,50 @@ class WeightStageBulk(Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
 
 
+class RingSkeleton:
+    """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
+    (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
+    they read. A skeleton component has the fields pdl, split_k, expert_tensors and grouped."""
+
+    RING_NEEDS: ClassVar[frozenset[str]] = frozenset({
+        "Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init", "fence_barrier_init",
+        "mbarrier_wait", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "cp_async_arrive_noinc", "cp_async_drain",
+        "fence_async_shared", "registers_decrease", "registers_increase", "weight_stage_bytes", "load_weight_stage",
+        "load_a_stage", "a_step_descriptor", "wgmma_fence", "wgmma_commit", "wgmma_wait"})
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_tensors)
+
+    @property
+    def gather(self) -> bool:
+        return self.moe and not self.grouped
+
+    @property
+    def ptx(self) -> tuple[str, ...]:
+        return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
+                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
+
+    def ring_provides(self) -> set[str]:
+        return {"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set())
+
+    def ring_needs(self) -> set[str]:
+        """The partials' calls, the epilogue's store (split-K slices or whole tiles) and the MoE units' helpers."""
+        needs = set(self.RING_NEEDS)
+        needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
+                  if self.split_k else {"store_output"})
+        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
+        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
+        needs |= {"count_expert_blocks"} if self.grouped else set()
+        return needs
+
+    def ring_context(self, a_type: str, a_origin: str) -> dict:
+        return {"moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+                "a_origin": a_origin}
+
+
 @attrs.frozen
-class WarpSpecializedPipeline(Component):
+class WarpSpecializedPipeline(RingSkeleton, Component):
     template: ClassVar[str] = "pipelines/warp_specialized/skeleton.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
@@ -92,49 +134,25 @@ class WarpSpecializedPipeline(Component):
     grouped: str = option_field("")  # "grouped_contiguous" or "grouped_masked" ("": indexed or dense)
 
     @property
-    def moe(self) -> bool:
-        return bool(self.expert_tensors)
-
-    @property
-    def gather(self) -> bool:
-        return self.moe and not self.grouped
-
-    @property
-    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
-                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
-
-    @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set()))
+        return frozenset(self.ring_provides())
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
-        needs = {"Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init",
-                 "fence_barrier_init", "mbarrier_wait", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
-                 "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease",
-                 "registers_increase",
-                 "weight_stage_bytes", "load_weight_stage", "load_a_stage", "a_step_descriptor", "load_b_chunk",
-                 "kChunkWords", "extract_code_pair", "dequant_pair", "wgmma_fence", "wgmma_commit", "wgmma_wait",
-                 "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
+        needs = self.ring_needs() | {"load_b_chunk", "kChunkWords", "extract_code_pair", "dequant_pair",
+                                     "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
         needs |= set() if self.convert_in_extract else {"convert_pair"}
         needs |= {"load_group_pair"} if self.dequant_params else set()
-        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
-        needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
-                  if self.split_k else {"store_output"})
-        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
-        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
-        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "moe": self.moe,
-                "grouped": bool(self.grouped), "gemm": self.grouped, "banded": False, "a_type": "u16",
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
                 "activation_scales": False,
-                "a_origin": "activations may come from the previous kernel"}
+                **self.ring_context("u16", "activations may come from the previous kernel")}
 
 
 @attrs.frozen
-class WarpSpecializedA8Pipeline(Component):
+class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     """The warp-specialized skeleton for 8-bit activations: 128-row tiles, one 64-row warp slice per consumer
     warpgroup, 8-bit weight registers (nibbles widened) into wgmma k32, partial sums promoted into fp32
     accumulators every kPromoteK (fp8, group scales) or converted once per tile (int8 with channel scales)."""
@@ -164,18 +182,10 @@ class WarpSpecializedA8Pipeline(Component):
     grouped: str = option_field("")
 
     @property
-    def moe(self) -> bool:
-        return bool(self.expert_tensors)
-
-    @property
     def staged_activation_scales(self) -> bool:
         """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
         size copies, are read from global memory at each promotion."""
         return self.activation_groups and not self.activation_e8m0
-
-    @property
-    def gather(self) -> bool:
-        return self.moe and not self.grouped
 
     @property
     def promote_in_loop(self) -> bool:
@@ -184,33 +194,17 @@ class WarpSpecializedA8Pipeline(Component):
         return not self.integer or self.weight_groups or self.activation_groups or self.long_k
 
     @property
-    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
-                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
-
-    @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         staged = {"stage_group_slot"} if self.weight_groups or self.staged_activation_scales else set()
-        return frozenset({"Ring", "stage", "stage_ptr", "produce", "consume"} | staged
-                         | ({"for_expert"} if self.moe else set()))
+        return frozenset(self.ring_provides() | staged)
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
-        needs = {"Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init",
-                 "fence_barrier_init", "mbarrier_wait", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
-                 "cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared", "registers_decrease",
-                 "registers_increase", "weight_stage_bytes", "load_weight_stage", "load_a_stage",
-                 "a_step_descriptor", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_partials",
-                 f"wgmma_m64n{self.block_m}k32"}
-        needs |= ({"split_k_publish", "split_k_share_begin", "split_k_sum", "split_k_depart", "store_fragment"}
-                  if self.split_k else {"store_output"})
+        needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.block_m}k32"}
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
                   if self.staged_activation_scales else set())
-        needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
-        needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
-        needs |= {"count_expert_blocks"} if self.grouped else set()
         return frozenset(needs)
 
     def extra_context(self) -> dict:
@@ -228,9 +222,6 @@ class WarpSpecializedA8Pipeline(Component):
                 # skeleton's own branch)
                 "params": ("for_expert(p, tc.expert, tc.row_end)" if self.grouped
                            else "for_expert(p, tc.expert)" if self.moe else "p"),
-                "grouped": bool(self.grouped), "gemm": self.grouped, "gather": self.gather,
-                "a_scale_row": "row" if self.gather else "m",
-                "a_scale_valid": "row >= 0" if self.gather else "m < p.m",
-                # the shared ring / producer / entry partials (ring_producer, kernel_entry)
-                "moe": self.moe, "consumer_warpgroups": 2, "a_type": "unsigned char",
-                "a_origin": "activation codes and scales come from the previous kernel"}
+                "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
+                "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
+                **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")}
