@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import torch
 
 import humming_gen as hg
+from humming_gen.bench.timing import graph_time_us
 
 # MLP: a Llama-3-8B-sized block; MoE: 16 experts of I_MOE features, top-2 (I / 4 and I_MOE / 4 keep whole groups)
 H, I, E, TOP_K, I_MOE = 4096, 14336, 16, 2, 1536
@@ -44,27 +44,9 @@ class Mlp:
         return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
 
 
-def graph_us(fn, x: torch.Tensor, replays: int = 20) -> float:
+def graph_us(fn, x: torch.Tensor) -> float:
     """Median CUDA-graph time of fn(x) in microseconds (the benchmark method of docs/BENCHMARKS.md)."""
-    fn(x)
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn(x)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
+    return graph_time_us([fn], x)
 
 
 def main() -> None:
