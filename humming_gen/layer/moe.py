@@ -198,6 +198,8 @@ class QuantMoE(torch.nn.Module):
         self._layer_configs = layers
         self._compiler = compiler
         self._grouped: dict[tuple[str, str, object], object] = {}  # (weight, gemm, tuning) -> bound launcher
+        # (weight, gemm, rows per expert, pipeline) -> the same launchers: a call skips the heuristics (~100 us)
+        self._grouped_calls: dict[tuple[str, str, int, str | None], object] = {}
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
@@ -403,6 +405,10 @@ class QuantMoE(torch.nn.Module):
         if weight == "w13" and self.fused_activation:
             raise ValueError("this layer's w13 holds gate/up rows in tile order for its fused activation; build it "
                              "with fused_activation=False to run grouped gate/up GEMMs")
+        call = (weight, gemm, rows_per_expert, pipeline)
+        launcher = self._grouped_calls.get(call)
+        if launcher is not None:
+            return launcher
         index = 0 if weight == "w13" else 1
         layer, compute = self._layer_configs[index], ComputeConfig(gemm=gemm)
         if pipeline is None:  # the layer's own pipeline=, where that pipeline serves grouped GEMMs of this weight
@@ -419,6 +425,9 @@ class QuantMoE(torch.nn.Module):
             launcher = kernel.bind(self.w13 if index == 0 else self.w2, self.bias13 if index == 0 else self.bias2,
                                    self.device, None)
             self._grouped[key] = launcher
+        if len(self._grouped_calls) >= 1024:  # a bound on the distinct row counts remembered
+            self._grouped_calls.clear()
+        self._grouped_calls[call] = launcher
         return launcher
 
     @property

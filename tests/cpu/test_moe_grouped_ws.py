@@ -239,3 +239,25 @@ def test_grouped_schedule_on_the_host_matches_the_units(gemm: str, experts: int,
             expected = _reference_units(gemm, layout, m, c)
             assert int(out[0]) == len(units) and units == expected, (m, layout)
             assert len(units) <= plan.launch.units(max(m, 1))
+
+
+def test_a_repeated_grouped_call_skips_the_heuristics(monkeypatch) -> None:
+    """grouped_launcher remembers its launcher per (weight, gemm, rows per expert, pipeline): a repeated call (every
+    grouped_moe_gemm call asks) does not run the tuning heuristics again."""
+    import humming_gen.heuristics as heuristics
+
+    torch.manual_seed(0)
+    moe = QuantMoE.from_float(torch.randn(8, 256, 256) * 0.05, torch.randn(8, 256, 128) * 0.05, "w4a16-int4-g128",
+                              target="sm_90a", device="cpu")
+    first = moe.grouped_launcher("w2", "grouped_contiguous", 100)
+    small = moe.grouped_launcher("w2", "grouped_contiguous", 4)
+    assert first.kernel.plan.pipeline == "warp_specialized" and small.kernel.plan.pipeline == "standard"
+
+    def no_heuristics(*args, **kwargs):
+        raise AssertionError("the heuristics ran again for a remembered call")
+
+    monkeypatch.setattr(heuristics, "grouped_moe_tuning", no_heuristics)
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 100) is first
+    assert moe.grouped_launcher("w2", "grouped_contiguous", 4) is small
+    with pytest.raises(AssertionError, match="ran again"):  # a new row count does run them
+        moe.grouped_launcher("w2", "grouped_contiguous", 50)
