@@ -17,20 +17,7 @@ sys.path.insert(0, ".")
 import humming_gen as hg  # noqa: E402
 from test_quant_moe import _rel  # noqa: E402
 from test_quant_moe_a8 import _reference  # noqa: E402
-from test_quant_moe_a8_ws import H, I, _ragged_routing  # noqa: E402
-
-
-def _layer(preset: str, e: int, *, seed: int, pipeline: str, biases: bool, fused: bool):
-    """test_quant_moe_a8_ws._layer's weights (same seed) with every bucket on `pipeline`."""
-    torch.manual_seed(seed)
-    s = hg.scheme(preset)
-    q13 = s.quantize(torch.randn(e, 2 * I, H, device="cuda") * 0.05)
-    q2 = s.quantize(torch.randn(e, H, I, device="cuda") * 0.05)
-    b13 = (torch.randn(e, 2 * I, device="cuda") * 0.1).bfloat16() if biases else None
-    b2 = (torch.randn(e, H, device="cuda") * 0.1).bfloat16() if biases else None
-    moe = hg.QuantMoE.from_quantized(q13, q2, bias13=b13, bias2=b2, dtype=torch.bfloat16, fused_activation=fused,
-                                     pipeline=pipeline)
-    return moe, q13, q2, b13, b2
+from test_quant_moe_a8_ws import H, _layer, _ragged_routing  # noqa: E402
 
 for preset, e, fused in (("w8a8-fp8-block128", 19, False), ("w8a8-fp8-channel", 8, True)):
     layers = {p: _layer(preset, e, seed=e, pipeline=p, biases=e == 8, fused=fused) for p in ("standard",

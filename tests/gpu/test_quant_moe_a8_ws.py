@@ -48,8 +48,8 @@ def _layer(preset: str, e: int, *, seed: int, pipeline: str | None, dtype=torch.
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=activation, gate_up_layout=layout, bias13=b13, bias2=b2,
                                      dtype=dtype, fused_activation=fused, pipeline=pipeline)
     pipelines = [g.kernel.plan.pipeline for pair in moe._launchers for g in pair]
-    if pipeline == "warp_specialized":
-        assert set(pipelines) == {"warp_specialized"}, preset
+    if pipeline is not None:  # forced onto every bucket
+        assert set(pipelines) == {pipeline}, preset
     else:  # the standard pipeline's two smallest buckets, then the warp-specialized ones
         assert pipelines == ["standard"] * 4 + ["warp_specialized"] * 6, (preset, pipelines)
     return moe, q13, q2, b13, b2
