@@ -42,5 +42,32 @@ for scheme, n, k, ms in (("w8a8-fp8-channel", 1024, 2048, (33, 64)), ("w8a8-mxfp
         pipelines.add(f"{layer.kernel_for(m).plan.pipeline}:split{layer.kernel_for(m).plan.tuning.split_k}")
         x = torch.randn(m, k, device="cuda").bfloat16()
         worst = max(worst, rel(layer(x), reference_gemm(x.double(), qw)))
+# grouped layouts on the warp-specialized pipeline (16- and 8-bit): ragged contiguous windows with an empty expert,
+# masked counts of 0, max_m and past max_m
+for scheme in ("w4a16-int4-g128", "w8a8-fp8-block128", "w8a8-fp8-channel"):
+    s = hg.scheme(scheme)
+    q13 = s.quantize(torch.randn(8, 256, 256, device="cuda") * 0.05)
+    q2 = s.quantize(torch.randn(8, 256, 128, device="cuda") * 0.05)
+    moe = hg.QuantMoE.from_quantized(q13, q2)
+    w13 = q13.dequantize().double()
+    counts = torch.tensor([0, 70, 3, 0, 129, 40, 1, 64])
+    offsets = torch.zeros(9, dtype=torch.int32)
+    offsets[1:] = torch.cumsum(counts, 0)
+    a = torch.randn(int(offsets[-1]), 256, device="cuda").bfloat16()
+    out = hg.grouped_moe_gemm(a, moe, "w13", offsets.cuda(), layout="grouped_contiguous", pipeline="warp_specialized")
+    aq = a.double() if s.activation is None else s.activation.quantize(a).dequantize(torch.float64)
+    ref = torch.cat([aq[offsets[j]:offsets[j + 1]] @ w13[j].T for j in range(8)])
+    worst = max(worst, rel(out, ref))
+    max_m = 96
+    am = torch.randn(8, max_m, 256, device="cuda").bfloat16()
+    mcounts = torch.tensor([0, max_m, max_m + 7, 5, 33, 0, 64, 1], dtype=torch.int32)
+    outm = hg.grouped_moe_gemm(am, moe, "w13", mcounts.cuda(), layout="grouped_masked", pipeline="warp_specialized")
+    aqm = (am.double() if s.activation is None else
+           s.activation.quantize(am.reshape(-1, 256)).dequantize(torch.float64).reshape(8, max_m, 256))
+    for j in range(8):
+        c = min(int(mcounts[j]), max_m)
+        if c:
+            worst = max(worst, rel(outm[j, :c], aqm[j, :c] @ w13[j].T))
+    pipelines.add(f"grouped:{scheme}")
 torch.cuda.synchronize()
 print(f"sanitize moe sample: max relative error {worst:.2e}, pipelines {sorted(pipelines)}")
