@@ -388,11 +388,13 @@ class QuantMoE(torch.nn.Module):
 
     def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int, pipeline: str | None = None):
         """The bound launcher of a grouped MoE kernel ("grouped_masked" or "grouped_contiguous") for GEMM `weight`,
-        tiled for about `rows_per_expert` rows per expert; compiled on first use (warm up before a CUDA graph
-        capture). It reads the layer's packed weights, on the pipeline an indexed GEMM of that many rows per expert
-        takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows per expert on sm_90a);
-        `pipeline` forces "standard" or "warp_specialized"; without it the layer's own pipeline= applies where that
-        pipeline serves the grouped GEMM (a folded GEMM's grouped kernels are standard)."""
+        tiled for about `rows_per_expert` rows per expert (a hint: the kernels walk every m block of each expert's
+        rows whatever the tile; grouped_moe_gemm passes its expected_m, else max_m or R / E); compiled on first use
+        (warm up before a CUDA graph capture). It reads the layer's packed weights, on the pipeline an indexed GEMM
+        of that many rows per expert takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows
+        per expert on sm_90a); `pipeline` forces "standard" or "warp_specialized"; without it the layer's own
+        pipeline= applies where that pipeline serves the grouped GEMM (a folded GEMM's grouped kernels are
+        standard)."""
         from humming_gen.codegen import compose
         from humming_gen.heuristics import grouped_moe_tuning
         from humming_gen.kernel import build_many

@@ -247,7 +247,8 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
 
 
 def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_layout: torch.Tensor, *, layout: str,
-                     out: torch.Tensor | None = None, pipeline: str | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pipeline: str | None = None,
+                     expected_m: int | None = None) -> torch.Tensor:
     """One MoE GEMM of `layer` on rows already grouped by expert (no router weights: the caller's combine applies
     them). Eager only; its kernel compiles on the first call of each (weight, layout, tile).
 
@@ -263,9 +264,17 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     refused for grouped_masked: its amax would read the rows past the counts).
     pipeline: None (the layer's pipeline=, else warp-specialized on sm_90a from 17 rows per expert), "standard" or
     "warp_specialized" (QuantMoE.grouped_launcher).
+    expected_m: the rows per expert expected in use (DeepGEMM's m_grouped_*_masked hint); it picks the token tile
+        and pipeline. None: max_m (grouped_masked) or R / E (grouped_contiguous), the buffer's rows, as the counts
+        and offsets stay on the GPU; a buffer sized for the worst case but mostly empty then gets the largest tile.
+        Only a hint: every kernel walks all m blocks of each expert's rows up to its count, so any value gives the
+        same result.
     """
     if layout not in ("grouped_masked", "grouped_contiguous"):
         raise ValueError(f"layout={layout!r}; allowed: 'grouped_masked', 'grouped_contiguous' (sorted ids: moe_gemm)")
+    if expected_m is not None and (not isinstance(expected_m, int) or isinstance(expected_m, bool) or expected_m < 1):
+        raise ValueError(f"expected_m={expected_m!r}; allowed: None or an int >= 1 (the rows per expert expected in "
+                         f"use, which picks the token tile)")
     _check_layer(layer)
     if weight not in _WEIGHTS:
         raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
@@ -305,7 +314,7 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
                          f"its amax would read the rows past each expert's count; use grouped_contiguous or a "
                          f"static input_scale")
     if rows:
-        launcher = layer.grouped_launcher(weight, layout, per_expert, pipeline)
+        launcher = layer.grouped_launcher(weight, layout, per_expert if expected_m is None else expected_m, pipeline)
         codes, a_scale = layer.gemm_input(a.reshape(rows, k), index)
         launcher.grouped(codes, out.view(rows, n), expert_layout, a_scale=a_scale)
     return out

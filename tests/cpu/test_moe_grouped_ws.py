@@ -261,3 +261,30 @@ def test_a_repeated_grouped_call_skips_the_heuristics(monkeypatch) -> None:
     assert moe.grouped_launcher("w2", "grouped_contiguous", 4) is small
     with pytest.raises(AssertionError, match="ran again"):  # a new row count does run them
         moe.grouped_launcher("w2", "grouped_contiguous", 50)
+
+
+def test_expected_m_picks_the_grouped_tile_and_the_grid_still_covers_max_m(monkeypatch) -> None:
+    """grouped_moe_gemm tiles a DeepEP buffer of max_m = 512 rows per expert by max_m (the counts stay on the GPU),
+    or by expected_m when given: 4 rows per expert take the standard pipeline's 8-row tile, whose grid still walks
+    every m block up to max_m. A bad expected_m is refused before any launch."""
+    from humming_gen.kernel import Launcher
+
+    torch.manual_seed(0)
+    e, max_m = 8, 512
+    moe = QuantMoE.from_float(torch.randn(e, 2 * 128, 256) * 0.05, torch.randn(e, 256, 128) * 0.05,
+                              "w4a16-int4-g128", target="sm_90a", device="cpu")
+    launched = []  # the launchers grouped_moe_gemm launched: no GPU here
+    monkeypatch.setattr(Launcher, "grouped", lambda self, a, out, layout, a_scale=None: launched.append(self))
+    a, counts = torch.zeros(e, max_m, 128, dtype=torch.bfloat16), torch.zeros(e, dtype=torch.int32)
+    hg.grouped_moe_gemm(a, moe, "w2", counts, layout="grouped_masked")
+    hg.grouped_moe_gemm(a, moe, "w2", counts, layout="grouped_masked", expected_m=4)
+    tunings = [launcher.kernel.plan.tuning for launcher in launched]
+    assert [(t.pipeline, t.block_m) for t in tunings] == [("warp_specialized", 128), ("standard", 8)]
+    assert launched[1].kernel.plan.launch.grid(e * max_m)[1] == e * max_m // 8  # every 8-row block of every expert
+    hg.grouped_moe_gemm(a[:, :64].reshape(-1, 128).contiguous(), moe, "w2", torch.zeros(e + 1, dtype=torch.int32),
+                        layout="grouped_contiguous", expected_m=100)
+    assert launched[2].kernel.plan.tuning.block_m == 128  # R / E would be 64
+    for bad in (0, -3, 2.5, True, "4"):
+        with pytest.raises(ValueError, match=rf"expected_m={bad!r}; allowed: None or an int >= 1"):
+            hg.grouped_moe_gemm(a, moe, "w2", counts, layout="grouped_masked", expected_m=bad)
+    assert len(launched) == 3
