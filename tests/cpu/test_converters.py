@@ -215,6 +215,15 @@ def test_ct_mxfp4_e8m0_code_zero():
     assert qw.scales.item() == 2.0 ** -127 and qw.dequantize()[0, 0].item() == 2.0 ** -127
 
 
+def test_gpt_oss_e8m0_code_255_is_refused_as_nan():
+    """A scale byte 255 is NaN (OCP MX), not 2^128: the checkpoint is refused naming the NaN scale."""
+    scales = torch.full((1, 2, 1), 127, dtype=torch.uint8)
+    scales[0, 1, 0] = 255
+    with pytest.raises(ValueError, match=r"QuantizedWeight.scales\[0, 1, 0\] is nan"):
+        convert({"m.experts.down_proj_blocks": torch.zeros(1, 2, 1, 16, dtype=torch.uint8),
+                 "m.experts.down_proj_scales": scales}, {"quant_method": "mxfp4"}, "m.experts.down_proj")
+
+
 # --- loading ---------------------------------------------------------------------------------------------------
 def _ct_int4(qw_by_name: dict[str, QuantizedWeight]) -> tuple[dict[str, torch.Tensor], dict]:
     tensors, cfg = {}, None

@@ -164,6 +164,24 @@ def test_bits_and_flags() -> None:
     assert dtype("float8e4m3").emax == 8 and dtype("float4e2m1").emax == 2 and dtype("float8e5m2").emax == 15
 
 
+def test_e8m0_code_255_decodes_to_nan() -> None:
+    """OCP MX: e8m0 0xFF is NaN, not 2^128 (+inf in fp32), in DType.decode, the code table and the reference layout
+    of kernel-layout activation scales (uint8 codes)."""
+    from humming_gen.schemes.quantize import QuantizedActivation
+    from humming_gen.schemes.scheme import ActivationScheme
+
+    e8m0 = dtype("float8e8m0")
+    for codes in (torch.tensor([0, 127, 254, 255]), torch.tensor([0, 127, 254, 255], dtype=torch.uint8)):
+        values = e8m0.decode(codes)
+        assert values[:3].tolist() == [2.0 ** -127, 1.0, 2.0 ** 127] and math.isnan(values[3])
+    assert math.isnan(e8m0.code_values()[255]) and e8m0.max_finite == 2.0 ** 127
+    scheme = ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0")
+    qa = QuantizedActivation(scheme, torch.zeros(1, 64, dtype=torch.uint8),
+                             torch.tensor([[127, 255]], dtype=torch.uint8), layout="kernel")
+    scales = qa.to_reference().scales
+    assert scales[0, 0] == 1.0 and math.isnan(scales[0, 1])
+
+
 REPRESENTS = [  # (container, content, exactly representable?) computed from the value sets
     ("float8e4m3", "int4", True), ("float8e4m3", "int5", True), ("float8e4m3", "uint4", True),
     ("float8e4m3", "int6", False), ("float8e4m3", "int8", False), ("float8e4m3", "float4e2m1", True),

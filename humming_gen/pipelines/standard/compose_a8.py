@@ -125,7 +125,11 @@ def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
 
 
 def activation_e8m0(layer: LayerConfig) -> bool:
-    """The activation scales are e8m0 bytes (MX groups), read as powers of two."""
+    """The activation scales are e8m0 bytes (MX groups), read as powers of two. The kernels of both pipelines
+    decode byte c as the fp32 bit pattern c << 23 (code 0 as 2^-127), so code 255, NaN in the OCP MX spec and in
+    DType.decode, reads as +inf there; the activation quantizers never write it (exponents clamped to
+    [-127, 127]). e8m0 weight scales are decoded on the host instead, where a 255 is NaN and QuantizedWeight
+    refuses it."""
     return layer.scheme.activation.scale_dtype.name == "float8e8m0"
 
 
