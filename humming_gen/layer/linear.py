@@ -92,6 +92,8 @@ class QuantLinear(torch.nn.Module):
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
         if self.fold_scales and not fold_serves(self.layer_config, self.tunings, self.target):
             self.layer_config = attrs.evolve(self.layer_config, fold_scales=False)
+            if tunings is None:  # the unfolded layer's own stored winners: the folded key's were timed folded
+                self.tunings = choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
 

@@ -47,7 +47,8 @@ def bucket_from_key(key: str) -> int | None:
 
 
 def entry_key(device: str, driver: str, layer: LayerConfig) -> str:
-    """One store entry per GPU model, driver and layer (LayerConfig.key() covers shape, scheme, bias, dtypes)."""
+    """One store entry per GPU model, driver and layer (LayerConfig.key() covers shape, scheme, bias, dtypes and
+    fold_scales: a folded layer's winners were timed on its folded kernels, so they stay apart from its twin's)."""
     return f"{device}|{driver}|{layer.key()}"
 
 

@@ -120,6 +120,26 @@ def test_choose_tunings_picks_stored_results_up(on_gpu):
     assert choose_tunings(layer, target) == plan
 
 
+def test_folded_and_unfolded_layers_keep_their_own_stored_winners(on_gpu):
+    """fold_scales is part of the store key: a QuantLinear whose MXFP4 group scales fold (sm_90a) takes the winners
+    timed folded, and one that drops the fold (sm_89: no warp-specialized kernel reads folded scales) those of the
+    unfolded layer, not the folded ones it looked up before it dropped it."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 1024) * 0.02
+    plain = _layer(256, 1024, "w4a8-mxfp4-fp8")
+    folded = attrs.evolve(plain, fold_scales=True)
+    assert store.entry_key(*DEVICE, plain) != store.entry_key(*DEVICE, folded)
+    for target_name, folds in (("sm_90a", True), ("sm_89", False)):
+        target = get_target(target_name)
+        own = heuristic_tunings(plain, target).for_m(1 << 20)  # the open bucket's: two shallower rings
+        winners = {plain: attrs.evolve(own, stages=own.stages - 1), folded: attrs.evolve(own, stages=own.stages - 2)}
+        for layer, tuning in winners.items():
+            store.save_entry(*DEVICE, layer, target_name, {None: {"tuning": tuning}})
+        linear = hg.QuantLinear.from_float(w, "w4a8-mxfp4-fp8", target=target_name, device="cpu")
+        assert linear.fold_scales == folds, target_name
+        assert linear.tunings.for_m(1 << 20) == winners[folded if folds else plain], target_name
+
+
 def test_stored_tuning_of_another_layout_is_skipped_with_a_warning(on_gpu):
     layer, target = _layer(4096, 4096, "w4a16-int4-g128"), get_target("sm_90a")
     own = heuristic_tunings(layer, target).for_m(16)
