@@ -180,10 +180,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # activation scales) are gathered and scattered through the routing, or m blocks of the experts' row windows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: str = option_field("")
-    # partial sums promoted once per stage (or once per tile): each k32 step's wgmma waits only for its predecessor,
-    # and with partial_buffers=2 a stage's promotion runs while the next stage's wgmmas do (compose_a8.step_pipelined)
-    step_pipelined: bool = option_field()
-    partial_buffers: int = option_field(1)
 
     @property
     def staged_activation_scales(self) -> bool:
@@ -217,8 +213,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                   else " * w_scale[i / 2]")
         factors = weight + (" * a_scale[i % 2]" if self.activation_groups else "")
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
-        return {"promote_expr": partial + factors, "promote_factors": factors, "promote_scale": factors.removeprefix(" * "), "promote_in_loop": self.promote_in_loop,
-                "step_pipelined": self.step_pipelined, "partial_buffers": self.partial_buffers,
+        return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
                 "staged_scales": self.weight_groups or self.staged_activation_scales,
                 "activation_scales": self.staged_activation_scales, "fold_weight_scale": folded,

@@ -63,7 +63,6 @@ REGISTER_FILE = 65536
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
-MAX_DOUBLE_PARTIAL_M = 64  # token tiles up to which promoted partial sums are double-buffered (registers)
 
 
 @attrs.frozen
@@ -148,20 +147,6 @@ def promote_k(layer: LayerConfig, block_k: int) -> int:
     groups = [g for g in (promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)) if g is not None]
     k = math.gcd(block_k, *groups) if groups else block_k
     return k if layer.scheme.activation.dtype.name == "int8" and exact_k(layer) else math.gcd(k, PROMOTE_K_FP8)
-
-
-def step_pipelined(layer: LayerConfig, block_k: int) -> bool:
-    """Partial sums promoted at most once per stage: the consumers' k32 steps are pipelined (wgmma_wait<1>) across
-    stages; promotions within a stage (MXFP8's group-32 activation scales) keep a wait per promotion."""
-    return promote_k(layer, block_k) == block_k
-
-
-def partial_buffers(layer: LayerConfig, tuning: TuningConfig) -> int:
-    """Two sets of partial sums where stages are promoted and registers allow: one stage's promotion then overlaps
-    the next stage's wgmmas (a consumer thread holds acc + 2 x partial sums, block_m / 2 registers each)."""
-    promoted = not (layer.scheme.activation.dtype.name == "int8" and promoted_weight_group_k(layer) is None
-                    and standard_a8.activation_group_k(layer) is None and exact_k(layer))
-    return 2 if promoted and step_pipelined(layer, tuning.block_k) and tuning.block_m <= MAX_DOUBLE_PARTIAL_M else 1
 
 
 def operand_reasons(layer: LayerConfig) -> list[str]:
@@ -278,9 +263,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
-                                         expert_tensors=experts, grouped=grouped,
-                                         step_pipelined=step_pipelined(layer, t.block_k),
-                                         partial_buffers=partial_buffers(layer, t))
+                                         expert_tensors=experts, grouped=grouped)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -315,8 +298,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kSmemAlign", SMEM_ALIGN, ""),
         ("kWarpsMN", 4 * WARPGROUPS, "consumer warps (the split-K hand-off's warp count)"),
     ] + split_k_constants(t)
-    if step_pipelined(layer, t.block_k):
-        constants.append(("kPartBuffers", partial_buffers(layer, t), "sets of partial sums (alternate k tiles)"))
     scales_offset = smem.a + smem.b + smem.exponents  # a stage's staged group scales, after its weights
     if wgroups:
         wg = standard_a8.weight_group_k(layer)
