@@ -86,7 +86,12 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
     assert "const int gk = k0 + chunk * 16;" in src and "valid ? bytes : 0" in src
     # each row's token scale is its activation row's (assignment / top_k), in the epilogue with the router weight
     assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0);" in src
-    assert "const float token_scale = a_scale[row / p.top_k];" in src
+    assert "token_scales[mc][j] = live ? a_scale[rows[mc][j] / p.top_k] : 0.0f;" in src
+    # a chunk's rows, then their router weights and token scales, all loaded before its stores
+    store = src.split("void store_output(")[1]
+    assert (store.index("rows[mc][j] = mt0 + mc < cfg::kWarpMTiles ? sorted_ids[")
+            < store.index("weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]]")
+            < store.index("out_row[n] = "))
     assert ("from_float((acc[nt][mt][2 * half + j] * scales[nt][half] * token_scale + biases[nt][half]) * weight)"
             in src)
     assert "a_scale[m]" not in src and "a_rows" not in src

@@ -78,8 +78,8 @@ def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
     assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     # the consumers scatter each row to its assignment's row of c with the expert's bias and the router weight
     assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0);" in src
-    assert "const int row = sorted_ids[m_base + mt * 8 + 2 * t + j];" in src and "if (row >= p.m) continue;" in src
-    assert "const float weight = static_cast<const float*>(p.topk_weights)[row];" in src
+    assert "sorted_ids[m_base + (mt0 + mc) * 8 + 2 * t + j]" in src and "if (mt >= cfg::kWarpMTiles || row >= p.m)" in src
+    assert "weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]] : 0.0f;" in src
     consts = {name: value for name, value, _ in plan.constants}
     assert consts["kExpertBBytes"] == consts["kNPad"] * consts["kKPad"] * 4 // 8
     # the same Params fields (so Launcher.moe binds it) and the same packed weight as the standard MoE kernels

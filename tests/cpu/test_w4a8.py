@@ -307,7 +307,7 @@ def test_rendered_sources_hold_their_widening_only() -> None:
     # promotion: every group of 32 (MXFP4), once per 64-k slice (group 128), no group scales for channel scales
     assert "kPromoteK = 32;" in mx and "kPromoteK = 64;" in fp8_int4
     assert "acc_slice[nt][mt][i] * w_scale[nt][i / 2]" in mx
-    assert "load_weight_group_scales" not in int_ch and "* scale * a_scale[m]" in int_ch
+    assert "load_weight_group_scales" not in int_ch and "* scale * token_scales[mt][j]" in int_ch
     assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2]" in int_g
     w8a8 = _source("w8a8-fp8-channel")
     assert "nibbles_to_a8" not in w8a8 and "load_b_tile(b_frag, b_warp" in w8a8

@@ -137,7 +137,10 @@ def test_rendered_source_holds_only_the_8bit_path() -> None:
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in int8 and "static_cast<float>(acc_slice" in int8
     assert "static_cast<float>" not in fp8.split("auto compute_stage")[1].split("};")[0]
     # per-token scales in the epilogue; block scales at promotion, not in the epilogue
-    assert "* scale * a_scale[m]" in fp8 and "load_weight_group_scales" not in fp8
+    assert "* scale * token_scales[mt][j]" in fp8 and "load_weight_group_scales" not in fp8
+    # every token scale loaded before the first store (a load after a store to c would wait for it)
+    store = fp8.split("void store_output(")[1]
+    assert store.index("token_scales[mt][j] = m < p.m ? a_scale[m] : 0.0f;") < store.index(" * p.ldc + n] = ")
     assert "a_scale[m]" not in block and "* w_scale[nt][i / 2] * a_scale[mt][i % 2]" in block
     assert "kActivationGroups = 24" in block and "p.out_scale" not in block
     assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in _source("w8a8-fp8-tensor")
@@ -156,7 +159,7 @@ def test_warp_specialized_8bit_source() -> None:
             assert gone not in src, gone
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in fp8
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in int8
-    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8 and "* scale * a_scale[m]" in fp8
+    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8 and "* scale * token_scales[mt][j]" in fp8
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in int8 and "acc[0][j][i] +=" not in int8
     assert "acc[0][j][i] += part[j][i] * a_scale[i % 2];" in block and "a_scale[m]" not in block
     assert "const float a_scale[2] = {pair.x * w_scale, pair.y * w_scale};" in block  # the tile's block scale
@@ -264,7 +267,7 @@ def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
     elif scheme is INT8_GROUP:
         assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
     else:
-        assert ".f32.e4m3.e5m2.f32" in src and "* scale * a_scale[m]" in src
+        assert ".f32.e4m3.e5m2.f32" in src and "* scale * token_scales[mt][j]" in src
 
 
 def test_uint8_operands_stay_on_the_standard_pipeline() -> None:

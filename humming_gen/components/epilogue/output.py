@@ -119,7 +119,8 @@ class StoreOutput(Component):
         # row-mapped per-token scales are looked up once per token column, beside the rows (token_scales[mt][j])
         row_token_scale = self.row_map and self.token_scale == "token"
         token = {"": "", "token": " * a_scale[m]", "tensor": " * a_scale"}[self.token_scale]
-        if row_token_scale:
+        fragment_suffix = (" * scale" if self.out_scale else "") + token + (" + bias" if self.bias else "")
+        if self.token_scale == "token":  # whole tiles: loaded beside the rows, or all before the stores
             token = " * token_scales[mt][j]"
         suffix = (" * scale" if self.out_scale else "") + token + (" + bias" if self.bias else "")
         decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
@@ -141,7 +142,7 @@ class StoreOutput(Component):
                            + (" + bias_gate[nt]" if self.bias else ""))
             up_suffix = (" * scale_up[nt]" if self.out_scale else "") + token + (" + bias_up[nt]" if self.bias else "")
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
-                "fragment_value_expr": "v[2 * half + j]" + suffix, "c_row": self.atom.c_row_expr,
+                "fragment_value_expr": "v[2 * half + j]" + fragment_suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,
                 "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl,
                 "row_token_scale": row_token_scale, "gated_value": gated_value, "gate_suffix": gate_suffix,
