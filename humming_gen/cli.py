@@ -149,15 +149,62 @@ def _tune_candidates(layer, target, ms: list[int]) -> dict:
     return {b: candidate_tunings(layer, target, b, heuristic=plan) for b in buckets}
 
 
+def _tune_target(args: argparse.Namespace):
+    """The target `tune` builds kernels for: --target, else the current GPU's (the one timing them); with --dry-run
+    and no --target, the default."""
+    import torch
+
+    from humming_gen.targets import Target, get_target
+
+    if args.target or args.dry_run:
+        return get_target(args.target or DEFAULT_TARGET)
+    if not torch.cuda.is_available():
+        raise ValueError("tune times kernels on the current GPU, and torch sees none (torch.cuda.is_available() is "
+                         "False); --dry-run lists the candidates without one")
+    try:
+        return Target.current()
+    except RuntimeError as e:  # a GPU without a target
+        raise ValueError(f"tune: {e}") from None
+
+
+def _tune_fold(args: argparse.Namespace, layer, target):
+    """`layer` with fold_scales set by --fold-scales. Stored winners are keyed by fold_scales and a QuantLinear looks
+    up the layer it builds, so auto (the default) tunes that one: folded where the scheme folds and the target's
+    heuristic kernels read folded scales (QuantLinear's fold_serves), as for weights whose scale exponents fit the
+    fold's window (typical ones; humming_gen.layer.weights.scales_fold)."""
+    import attrs
+
+    from humming_gen.components.numeric.exponent_fold import fold_reasons
+    from humming_gen.heuristics import heuristic_tunings
+    from humming_gen.layer.weights import fold_serves
+
+    if args.layer_json:
+        if args.fold_scales is not None:
+            raise ValueError(f"--fold-scales {args.fold_scales}: --layer-json describes the whole layer, its "
+                             f"fold_scales included; leave out --fold-scales")
+        return layer
+    fold = args.fold_scales or "auto"
+    if fold == "no":
+        return layer
+    if fold == "yes":
+        try:
+            return attrs.evolve(layer, fold_scales=True)
+        except ValueError as e:
+            raise ValueError(f"--fold-scales yes: {e}; allowed: auto or no") from None
+    if fold_reasons(layer.scheme):
+        return layer
+    folded = attrs.evolve(layer, fold_scales=True)
+    return folded if fold_serves(folded, heuristic_tunings(folded, target), target) else layer
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from humming_gen.bench import parse_ms
 
     layer = _layer(args)
     ms = parse_ms("--m", args.m)
+    target = _tune_target(args)
+    layer = _tune_fold(args, layer, target)
     if args.dry_run:
-        from humming_gen.targets import get_target
-
-        target = get_target(args.target or DEFAULT_TARGET)
         print(layer.summary())
         for m_max, tunings in _tune_candidates(layer, target, ms).items():
             print(f"\nbucket M <= {m_max if m_max is not None else 'inf'}: {len(tunings)} candidates "
@@ -168,7 +215,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from humming_gen.tuning.autotune import autotune
 
     try:
-        results = autotune(layer, ms, target=args.target, rounds=args.rounds, replays=args.replays,
+        results = autotune(layer, ms, target=target, rounds=args.rounds, replays=args.replays,
                            store=not args.no_store, compiler=args.compiler)
     except RuntimeError as e:
         raise ValueError(str(e)) from None
@@ -305,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--m", default="1,16,64,256,1024", help="token counts to tune for, comma-separated")
     tune.add_argument("--rounds", type=int, default=3, help="rounds over the candidates (order rotated)")
     tune.add_argument("--replays", type=int, default=10, help="CUDA graph replays per timing")
+    tune.add_argument("--fold-scales", choices=("auto", "yes", "no"),
+                      help="fold the e8m0 group scales into the fp8 weight operand (LayerConfig.fold_scales, part "
+                      "of the stored key). auto (default): as a QuantLinear of weights whose scales fold would, so "
+                      "that it finds the winners: yes where the scheme folds (e.g. w4a8-mxfp4-fp8) and the "
+                      "target's heuristic kernels read folded scales (warp-specialized, sm_90a), else no. yes / no "
+                      "force it (no for weights whose scale exponents are too spread to fold). Not with "
+                      "--layer-json (its fold_scales)")
     tune.add_argument("--no-store", action="store_true", help="print the results without storing them")
     tune.add_argument("--dry-run", action="store_true", help="list the candidates only (no GPU needed; target "
                       f"default {DEFAULT_TARGET})")

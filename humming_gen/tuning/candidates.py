@@ -19,8 +19,18 @@ from humming_gen.targets import Target
 MAX_CANDIDATES = 10  # per bucket, the heuristic's tuning included: each one is a kernel to compile and time
 
 
-def _standard_variants(layer: LayerConfig, target: Target, base: TuningConfig, m_max: int | None) -> list[dict]:
-    """Field changes around a standard-pipeline tuning, the likeliest first."""
+def _evolved(base: TuningConfig, change: dict) -> TuningConfig | None:
+    """`base` with `change`, or None where that is no valid TuningConfig (more than MAX_WARPS warps, warps that do
+    not divide the tile): a variant of some layers only, skipped rather than failing the whole layer."""
+    try:
+        return attrs.evolve(base, **change)
+    except ValueError:
+        return None
+
+
+def _standard_variants(layer: LayerConfig, target: Target, base: TuningConfig,
+                       m_max: int | None) -> list[TuningConfig]:
+    """Tunings around a standard-pipeline tuning, the likeliest first."""
     from humming_gen.pipelines.standard.heuristics import _fits
 
     k_tiles = math.ceil(layer.k / base.block_k)
@@ -40,20 +50,21 @@ def _standard_variants(layer: LayerConfig, target: Target, base: TuningConfig, m
     out.append(dict(ctas_per_sm=2 if base.ctas_per_sm == 1 else 1))
     out.append(dict(stages=base.stages - 1) if base.stages > 2 else dict(stages=3))
     fitted = []
-    for change in out:  # stages and CTAs per SM refitted to what shared memory holds for the new tile
-        fields = {f: getattr(base, f) for f in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "warps_k")}
-        fields.update({f: v for f, v in change.items() if f in fields})
-        ctas = change.get("ctas_per_sm", base.ctas_per_sm)
-        stages = change.get("stages", base.stages)
-        while stages > 2 and not _fits(layer, target, fields, stages, ctas):
+    for change in out:  # stages refitted to what shared memory holds for the new tile and CTAs per SM
+        tuning = _evolved(base, change)
+        if tuning is None:
+            continue
+        fields = {f: getattr(tuning, f) for f in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "warps_k")}
+        stages = tuning.stages
+        while stages > 2 and not _fits(layer, target, fields, stages, tuning.ctas_per_sm):
             stages -= 1
-        fitted.append({**change, "stages": stages, "ctas_per_sm": ctas})
+        fitted.append(attrs.evolve(tuning, stages=stages))
     return fitted
 
 
 def _warp_specialized_variants(layer: LayerConfig, target: Target, base: TuningConfig,
-                               m_max: int | None) -> list[dict]:
-    """Field changes around a warp-specialized tuning: split-K and token tile (stages refitted)."""
+                               m_max: int | None) -> list[TuningConfig]:
+    """Tunings around a warp-specialized tuning: split-K and token tile (stages refitted)."""
     from humming_gen.pipelines.warp_specialized.compose import shared_memory
 
     k_tiles = math.ceil(layer.k / base.block_k)
@@ -67,10 +78,12 @@ def _warp_specialized_variants(layer: LayerConfig, target: Target, base: TuningC
             out.append(dict(block_m=block_m))
     fitted = []
     for change in out:
-        fields = attrs.evolve(base, **change, stages=2)
-        stages = max([s for s in range(2, 9) if shared_memory(layer, attrs.evolve(fields, stages=s)).fits(target)],
+        tuning = _evolved(base, {**change, "stages": 2})
+        if tuning is None:
+            continue
+        stages = max([s for s in range(2, 9) if shared_memory(layer, attrs.evolve(tuning, stages=s)).fits(target)],
                      default=2)
-        fitted.append({**change, "stages": stages})
+        fitted.append(attrs.evolve(tuning, stages=stages))
     return fitted
 
 
@@ -100,16 +113,8 @@ def candidate_tunings(layer: LayerConfig, target: Target, m_max: int | None, *,
         bases.append(tuning_for(layer, target, m_max))
     if own.pipeline != "standard":
         bases.reverse()
-    per_base = []
-    for base in bases:
-        variants = (_standard_variants if base.pipeline == "standard" else _warp_specialized_variants)
-        tunings = []
-        for change in variants(layer, target, base, m_max):
-            try:
-                tunings.append(attrs.evolve(base, **change))
-            except (ValueError, TypeError):
-                continue  # an inconsistent tile (e.g. warps that do not divide it)
-        per_base.append(tunings)
+    per_base = [(_standard_variants if base.pipeline == "standard" else _warp_specialized_variants)(
+        layer, target, base, m_max) for base in bases]
     # the bases, then their variants in turn, so that a limit leaves each pipeline its likeliest ones
     ordered = [own] + bases + [t for group in itertools.zip_longest(*per_base) for t in group if t is not None]
     out: list[TuningConfig] = []

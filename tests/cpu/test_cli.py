@@ -1,5 +1,5 @@
 """The humming-gen command: errors in one line naming the option, custom formats, replayable headers, presets
-that say whether they generate, a --help that does not import torch, --version."""
+that say whether they generate, a --help that does not import torch, --version, the layer `tune` times (fold)."""
 
 from __future__ import annotations
 
@@ -96,3 +96,31 @@ def test_sm75_bf16_does_not_suggest_a_refused_combination(capsys):
     if "use float16" in err:
         rc16, _, _ = _run(capsys, "emit", "--n", "4096", "--k", "4096", "--target", "sm_75", "--dtype", "float16")
         assert rc16 == 0, "the error suggested float16 activations, which are refused as well"
+
+
+@pytest.mark.parametrize("scheme,target,option,folds", [
+    ("w4a8-mxfp4-fp8", "sm_90a", [], True),  # warp-specialized kernels read folded scales
+    ("w4a8-mxfp4-fp8", "sm_89", [], False),  # no warp-specialized kernel there
+    ("w4a8-mxfp4-fp8", "sm_90a", ["--fold-scales", "no"], False),
+    ("w4a8-mxfp4-fp8", "sm_89", ["--fold-scales", "yes"], True),
+    ("w4a8-mxfp4-fp8", "sm_90a", ["--fold-scales", "auto"], True),
+    ("w4a16-mxfp4", "sm_90a", [], False),  # 16-bit activations: nothing to fold into
+])
+def test_tune_fold_scales(capsys, scheme, target, option, folds):
+    """By default tune times the layer a QuantLinear builds (whose stored winners it looks up): folded on sm_90a,
+    not on sm_89, as tests/cpu/test_tuning.py finds QuantLinear decide for this layer."""
+    rc, out, err = _run(capsys, "tune", "--n", "256", "--k", "1024", "--scheme", scheme, "--target", target,
+                        "--m", "4096", "--dry-run", *option)
+    assert rc == 0, err
+    assert ("fold_scales=yes" in out.splitlines()[0]) == folds
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["--n", "256", "--k", "1024", "--scheme", "w4a16-int4-g128", "--fold-scales", "yes"],
+     ["--fold-scales yes: invalid LayerConfig: fold_scales=True: activations that are not fp8", "allowed: auto or no"]),
+    (["--layer-json", json.dumps({"n": 256, "k": 1024, "scheme": "w4a8-mxfp4-fp8"}), "--fold-scales", "no"],
+     ["--fold-scales no: --layer-json describes the whole layer", "leave out --fold-scales"]),
+])
+def test_tune_fold_scales_errors(capsys, argv, fragments):
+    rc, out, err = _run(capsys, "tune", "--dry-run", *argv)
+    assert rc == 2 and err.count("\n") == 1 and all(f in err for f in fragments), err

@@ -4,6 +4,7 @@ stored results up; batch-invariant tunings (one K summation order in every bucke
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import warnings
@@ -14,9 +15,11 @@ import torch
 
 import humming_gen as hg
 from humming_gen.codegen import compose
+from humming_gen.components.numeric.exponent_fold import fold_reasons
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings, heuristic_tunings
 from humming_gen.heuristics.batch_invariant import invariance_reasons, reduction_order
+from humming_gen.pipelines.base import ComposeError
 from humming_gen.targets import get_target
 from humming_gen.tuning import candidates as cand
 from humming_gen.tuning import store
@@ -52,6 +55,33 @@ def test_candidates_compose_and_share_the_layout(n, k, scheme, target_name):
         assert len(tunings) >= 4, f"bucket {m_max}: only {len(tunings)} candidates"
         for t in tunings:
             assert compose(layer, ComputeConfig(), t, target).layout == layout
+
+
+SWEEP_SHAPES = [(256, 1024), (4000, 3072), (576, 7168), (8192, 8192)]
+
+
+@pytest.mark.parametrize("target_name", ["sm_80", "sm_89", "sm_90a"])
+@pytest.mark.parametrize("scheme", hg.list_presets())
+def test_candidates_of_every_preset_shape_and_bucket(scheme, target_name):
+    """Every layer with a kernel on the target gets valid candidates in every bucket (folded too, where the scheme
+    allows it): a variant that is no valid tuning for it (e.g. warps_k=4 of a 4x2-warp tile, 32 warps, for
+    w4a8-mxfp4-fp8 at n=256 k=1024) is skipped, not raised. A layer without a kernel there is refused as such."""
+    target = get_target(target_name)
+    folds = [False] + ([True] if not fold_reasons(hg.scheme(scheme)) else [])
+    for (n, k), fold in itertools.product(SWEEP_SHAPES, folds):
+        layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=fold)
+        plan = heuristic_tunings(layer, target)
+        try:
+            layout = compose(layer, ComputeConfig(), plan.buckets[0][1], target).layout
+        except ComposeError:
+            with pytest.raises(ComposeError):
+                cand.candidate_tunings(layer, target, plan.buckets[0][0], heuristic=plan)
+            continue
+        for m_max, own in plan.buckets:
+            tunings = cand.candidate_tunings(layer, target, m_max, heuristic=plan)
+            where = f"{layer.summary()} {target_name} bucket {m_max}"
+            assert tunings[0] == own and len(set(tunings)) == len(tunings) <= cand.MAX_CANDIDATES, where
+            assert all(compose(layer, ComputeConfig(), t, target).layout == layout for t in tunings), where
 
 
 def test_candidates_offer_both_pipelines_near_the_crossover():
