@@ -1,7 +1,7 @@
 """The warp-specialized MoE producer's schedule and row gather run on the host: the templates rendered for a real
 plan (MoeIndexedPersistentSchedule, ATileSw128CpAsync), compiled with the host C++ compiler and checked against
 moe_align's routing. Shared by the 16-bit (test_moe_gemm_ws.py) and 8-bit (test_moe_gemm_a8_ws.py) activation
-tests."""
+tests, with the plans they check (ws_moe_plans)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,23 @@ import subprocess
 
 import torch
 
+from humming_gen.codegen import compose
 from humming_gen.codegen.render import environment
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings, moe_tuning_for
+from humming_gen.targets import get_target
 from humming_gen.reference.moe import moe_align_reference
 
 CXX = shutil.which("g++") or shutil.which("c++")
+SM90 = get_target("sm_90a")
+
+
+def ws_moe_plans(layer: LayerConfig, compute: ComputeConfig, block_ms: tuple[int, ...] | None = None) -> list:
+    """The warp-specialized MoE kernel plans of every heuristic bucket, or of the given token tiles (any tile the
+    pipeline serves, whether or not a bucket takes it)."""
+    tunings = ([t for _, t in choose_moe_tunings(layer, SM90).buckets] if block_ms is None
+               else [moe_tuning_for(layer, SM90, bm) for bm in block_ms])
+    return [compose(layer, compute, t, SM90) for t in tunings]
 
 HOST_PRELUDE = """#include <cstdio>
 #include <cstdlib>

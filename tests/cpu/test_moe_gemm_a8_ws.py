@@ -21,7 +21,7 @@ from humming_gen.layer.moe import QuantMoE, prepare_moe_weight
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
 from humming_gen.targets import get_target
-from moe_host import CXX, check_schedule_and_gather
+from moe_host import CXX, check_schedule_and_gather, ws_moe_plans
 from symbols import declaration_mismatches
 
 SM90 = get_target("sm_90a")
@@ -36,8 +36,7 @@ def _layer(scheme: str, n: int = 1024, k: int = 2048, bias: bool = True, experts
 
 
 def _plans(layer: LayerConfig, compute: ComputeConfig = WEIGHTED, block_ms=None):
-    return [compose(layer, compute, t, SM90) for _, t in choose_moe_tunings(layer, SM90).buckets
-            if block_ms is None or t.block_m in block_ms]
+    return ws_moe_plans(layer, compute, block_ms)
 
 
 def _source(scheme: str, compute: ComputeConfig = WEIGHTED, block_m: int = 128, **kwargs) -> str:
@@ -231,15 +230,15 @@ def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on
             with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
                 moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
             continue
-        assert [m for m, _ in plans[0].buckets] == [8, 16, 32, 64, None]
-        assert [t.pipeline for _, t in plans[0].buckets] == ["standard"] * 2 + ["warp_specialized"] * 3
-        assert [bm for _, bm in tiles[0]] == [standard[0].for_m(8).block_m, standard[0].for_m(16).block_m, 32, 64, 128]
+        assert [m for m, _ in plans[0].buckets] == [8, 16, 64, None]
+        assert [t.pipeline for _, t in plans[0].buckets] == ["standard"] * 2 + ["warp_specialized"] * 2
+        assert [bm for _, bm in tiles[0]] == [standard[0].for_m(8).block_m, standard[0].for_m(16).block_m, 64, 128]
         forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
         assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
-        assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128, 128]
+        assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128]
         assert all(t.split_k == 1 and t.raster == "n_major" for plan in forced for _, t in plan.buckets)
     mx = moe_tunings(standard, *_moe_layers("w8a8-mxfp8"), SM90, pipeline="warp_specialized")
-    assert [t.block_m for _, t in mx[0].buckets] == [8, 16, 32, 32, 32]  # promoted every 32 k: 64 tokens spill
+    assert [t.block_m for _, t in mx[0].buckets] == [8, 16, 32, 32]  # promoted every 32 k: 64 tokens spill
 
 
 @pytest.mark.parametrize("scheme", SCHEMES[:4])
@@ -252,8 +251,8 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
                               activation="swiglu_oai", gate_up_layout="interleaved", fused_activation=fused)
     assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
     kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
-    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 3
-    assert moe.block_m(32, 8) == 32 and moe.block_m(33, 8) == 64 and moe.block_m(4096, 8) == 128  # rows per expert
+    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 2
+    assert moe.block_m(16, 8) == 16 and moe.block_m(17, 8) == 64 and moe.block_m(4096, 8) == 128  # rows per expert
     assert all(g1.kernel.plan.compute.epilogue_activation == ("swiglu_oai" if fused else None)
                for g1, _ in moe._launchers)
     for g1, g2 in moe._kernels:
@@ -268,7 +267,7 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == grouped
     forced = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="warp_specialized")
     assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
-    assert forced.block_ms == [8, 16, 32, 64, 128]
+    assert forced.block_ms == [8, 16, 64, 128]
     standard = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="standard")
     assert {g.kernel.plan.tuning.mma for pair in standard._launchers for g in pair} == {"m16n8k32"}
     with pytest.raises(ValueError, match="lacks 'wgmma'"):
@@ -283,6 +282,6 @@ def test_gemms_share_token_tiles_when_one_falls_back_to_16_bit_activations() -> 
     w13, w2 = torch.randn(4, 160, 256) * 0.05, torch.randn(4, 256, 80) * 0.05
     moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu")
     assert moe.compute_dtypes == ("float8e4m3", "bfloat16")
-    assert moe.block_ms == [8, 16, 32, 32, 32]
+    assert moe.block_ms == [8, 16, 32, 32]
     for g1, g2 in moe._launchers:
         assert g1.kernel.plan.tuning.block_m == g2.kernel.plan.tuning.block_m

@@ -19,7 +19,7 @@ from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
 from humming_gen.targets import get_target
-from moe_host import CXX, check_schedule_and_gather
+from moe_host import CXX, check_schedule_and_gather, ws_moe_plans
 from symbols import declaration_mismatches
 
 SM90 = get_target("sm_90a")
@@ -33,8 +33,7 @@ def _layer(scheme: str, n: int = 1024, k: int = 2048, bias: bool = True, **kwarg
 
 
 def _plans(layer: LayerConfig, compute: ComputeConfig = WEIGHTED, block_ms=None):
-    return [compose(layer, compute, t, SM90) for m, t in choose_moe_tunings(layer, SM90).buckets
-            if block_ms is None or t.block_m in block_ms]
+    return ws_moe_plans(layer, compute, block_ms)
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
@@ -139,9 +138,9 @@ def test_moe_tunings_take_warp_specialized_buckets_from_17_rows_per_expert_on_sm
         if target == "sm_89":
             assert plans == standard and set(pipelines) == {"standard"}
             continue
-        assert [m for m, _ in plans[0].buckets] == [8, 16, 32, 64, None]
-        assert pipelines == ["standard"] * 2 + ["warp_specialized"] * 3
-        assert [bm for _, bm in tiles[0]] == [8, 16, 32, 64, 128]
+        assert [m for m, _ in plans[0].buckets] == [8, 16, 64, None]
+        assert pipelines == ["standard"] * 2 + ["warp_specialized"] * 2
+        assert [bm for _, bm in tiles[0]] == [8, 16, 64, 128]
         assert all(t.split_k == 1 for plan in plans for _, t in plan.buckets if t.pipeline == "warp_specialized")
         forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
         assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
@@ -165,9 +164,10 @@ def test_quant_moe_pipelines_per_bucket_on_sm_90a_and_sm_89() -> None:
     moe = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13, bias2=b2,
                               activation="swiglu_oai", gate_up_layout="interleaved", fused_activation=True)
     kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
-    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 3
-    assert moe.block_ms == [8, 16, 32, 64, 128]
-    assert moe.block_m(1, 8) == 8 and moe.block_m(32, 8) == 32 and moe.block_m(33, 8) == 64  # rows per expert
+    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 2
+    assert moe.block_ms == [8, 16, 64, 128]
+    assert moe.block_m(1, 8) == 8 and moe.block_m(16, 8) == 16 and moe.block_m(17, 8) == 64  # rows per expert
+    assert moe.block_m(64, 8) == 64 and moe.block_m(65, 8) == 128
     assert moe.block_m(4096, 8) == 128
     assert all(g1.kernel.plan.compute.epilogue_activation == "swiglu_oai" for g1, _ in moe._launchers)
     for g1, g2 in moe._kernels:
@@ -184,7 +184,7 @@ def test_quant_moe_pipelines_per_bucket_on_sm_90a_and_sm_89() -> None:
     assert {g.kernel.plan.pipeline for pair in old._launchers for g in pair} == {"standard"}
     forced = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", pipeline="warp_specialized")
     assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
-    assert forced.block_ms == [8, 16, 32, 64, 128]
+    assert forced.block_ms == [8, 16, 64, 128]
     with pytest.raises(ValueError, match="lacks 'wgmma'"):
         QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_89", device="cpu", pipeline="warp_specialized")
 

@@ -23,7 +23,7 @@ from humming_gen.pipelines.base import m_blocks
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings
 from humming_gen.targets import get_target
-from moe_host import CXX
+from moe_host import CXX, ws_moe_plans
 from symbols import declaration_mismatches
 
 SM90 = get_target("sm_90a")
@@ -36,8 +36,7 @@ def _layer(scheme: str, experts: int = 257, n: int = 1024, k: int = 2048, bias: 
 
 
 def _plans(layer: LayerConfig, gemm: str, block_ms=(32, 128)):
-    return [compose(layer, ComputeConfig(gemm=gemm), t, SM90) for _, t in choose_moe_tunings(layer, SM90).buckets
-            if t.block_m in block_ms]
+    return ws_moe_plans(layer, ComputeConfig(gemm=gemm), block_ms)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -121,7 +120,7 @@ def test_grouped_gemms_take_the_warp_specialized_pipeline_from_17_rows_per_exper
     for gemm in GROUPED:
         tiles = [(moe.grouped_launcher("w2", gemm, rows).kernel.plan.pipeline,
                   moe.grouped_launcher("w2", gemm, rows).kernel.plan.tuning.block_m) for rows in (8, 16, 17, 64, 4096)]
-        assert tiles == [("standard", 8), ("standard", 16), ("warp_specialized", 32), ("warp_specialized", 64),
+        assert tiles == [("standard", 8), ("standard", 16), ("warp_specialized", 64), ("warp_specialized", 64),
                          ("warp_specialized", 128)]
         assert moe.grouped_launcher("w13", gemm, 4096, "standard").kernel.plan.pipeline == "standard"
         assert moe.grouped_launcher("w13", gemm, 4, "warp_specialized").kernel.plan.pipeline == "warp_specialized"

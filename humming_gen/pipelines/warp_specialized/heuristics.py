@@ -90,8 +90,13 @@ def deepest(layer: LayerConfig, target: Target, fields: dict, reserved: int = 0)
 # about as many padded rows as half-size tiles, each weight dequantized for twice the tokens. The open-ended bucket
 # keeps 128 tokens (the dense sweep's best from M = 1024 to 4096; 176 pads an expert's last tile by more). No
 # split-K: the experts' m blocks fill the SMs. humming_gen.heuristics.choose.moe_tunings picks the buckets this
-# pipeline takes (from 17 rows per expert on).
-MOE_BUCKETS = ((8, 8), (16, 16), (32, 32), (64, 64), (None, 128))
+# pipeline takes (from 17 rows per expert on). Measured exception (bench/moe_tile_sweep.py, H200, whole QuantMoE
+# forward in us, 32 rows per expert on average): 64-token tiles from 17 rows on, no 32-row bucket, since with random
+# routing about half the experts pass their mean and a 32-token tile reads their weights twice (Qwen3-30B-A3B
+# M = 512: W4A16 307.3 -> 272.3, W4A8 335.2 -> 321.6; DeepSeek-V3 per rank M = 1024: W4A16 730.5 -> 667.8, W4A8
+# 953.8 -> 892.6); at 64 rows 64- and 128-token tiles tie (458.3 / 457.1, 531.8 / 529.3), at 128 and 256 rows 128
+# wins.
+MOE_BUCKETS = ((8, 8), (16, 16), (64, 64), (None, 128))
 
 
 def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
