@@ -34,7 +34,7 @@ CASES = [
     ("uint4zp-e64-top8-silu-split", "uint4-g64-zp", torch.bfloat16, 64, 256, 128, 8, "silu_mul", "split", False),
 ]
 # rows per expert M * top_k / E: E = 8, top-2 -> 1, 2, 25, 50, 75, 1024; E = 64, top-8 -> 1, 1, 13, 25, 38, 512: the
-# standard buckets (8, 16) and every warp-specialized one (token tiles 32, 64, 128) in one sequence of batches
+# standard buckets (8, 16) and every warp-specialized one (token tiles 64, 128) in one sequence of batches
 MS = (1, 7, 100, 200, 300, 4096)
 
 
@@ -99,7 +99,7 @@ def test_quant_moe_with_warp_specialized_buckets_matches_reference(case, fused):
     assert not bad, f"{case[0]}: relative error above {TOLERANCE[dtype]} at {bad} (all {errors})"
 
 
-@pytest.mark.parametrize("rows", [25, 50, 200], ids=lambda r: f"rows{r}-per-expert")  # token tiles 32, 64, 128
+@pytest.mark.parametrize("rows", [25, 50, 200], ids=lambda r: f"rows{r}-per-expert")  # token tiles 64, 64, 128
 @pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
 def test_warp_specialized_gemms_write_exactly_the_routed_rows(case, rows):
     """Both GEMMs of a warp-specialized bucket alone, into NaN-poisoned outputs: routed assignment row i of GEMM1
