@@ -167,6 +167,35 @@ def _tune_target(args: argparse.Namespace):
         raise ValueError(f"tune: {e}") from None
 
 
+def _tune_compute(args: argparse.Namespace, layer, target):
+    """`layer` with the activation scheme a QuantLinear of it runs on `target`: where the target has no kernel for
+    the scheme's quantized activations (e.g. fp8 on sm_80), the compute-type fallback of
+    humming_gen.layer.compute_type, so that the winners are stored under the key that QuantLinear looks up;
+    --strict refuses instead. A --layer-json layer is tuned as given."""
+    import attrs
+
+    from humming_gen.config import ComputeConfig
+    from humming_gen.layer.compute_type import kernel_reasons, resolve
+
+    if args.layer_json or layer.scheme.activation is None:
+        return layer
+
+    def reasons(scheme) -> list[str]:
+        return kernel_reasons(layer.n, layer.k, scheme, ComputeConfig(), target, has_bias=layer.has_bias,
+                              dtype=layer.dtype, out_dtype=layer.out_dtype)
+
+    if args.strict and reasons(layer.scheme):
+        raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
+                         f"({reasons(layer.scheme)[0]}); without --strict tune times the compute type a QuantLinear "
+                         f"falls back to")
+    choice = resolve(layer.scheme, layer.dtype, target.name, reasons, strict=False, weight_only=False,
+                     who="humming-gen tune", log=False)
+    if choice.reasons:
+        print(f"{layer.scheme.activation.dtype.name} activations do not run on {target.name} ({choice.reasons[0]}); "
+              f"tuning {choice.compute_dtype} activations, as a QuantLinear of this scheme runs (--strict refuses)")
+    return attrs.evolve(layer, scheme=choice.scheme)
+
+
 def _tune_fold(args: argparse.Namespace, layer, target):
     """`layer` with fold_scales set by --fold-scales. Stored winners are keyed by fold_scales and a QuantLinear looks
     up the layer it builds, so auto (the default) tunes that one: folded where the scheme folds and the target's
@@ -203,7 +232,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     layer = _layer(args)
     ms = parse_ms("--m", args.m)
     target = _tune_target(args)
-    layer = _tune_fold(args, layer, target)
+    layer = _tune_fold(args, _tune_compute(args, layer, target), target)
     if args.dry_run:
         print(layer.summary())
         for m_max, tunings in _tune_candidates(layer, target, ms).items():
@@ -349,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     tune = sub.add_parser("tune", help="time candidate tunings on this GPU and store the winners per M bucket")
     _common(tune)
     tune.set_defaults(target=None)
+    next(a for a in tune._actions if a.dest == "target").help = (
+        f"arch string such as sm_80, sm_90a (default: the current GPU's, which times the kernels; {DEFAULT_TARGET} "
+        f"with --dry-run)")
     tune.add_argument("--m", default="1,16,64,256,1024", help="token counts to tune for, comma-separated")
     tune.add_argument("--rounds", type=int, default=3, help="rounds over the candidates (order rotated)")
     tune.add_argument("--replays", type=int, default=10, help="CUDA graph replays per timing")
@@ -359,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                       "target's heuristic kernels read folded scales (warp-specialized, sm_90a), else no. yes / no "
                       "force it (no for weights whose scale exponents are too spread to fold). Not with "
                       "--layer-json (its fold_scales)")
+    tune.add_argument("--strict", action="store_true", help="refuse a scheme whose quantized activations have no "
+                      "kernel on the target, instead of tuning the compute type a QuantLinear falls back to (e.g. "
+                      "w4a8-mxfp4-fp8 on sm_80: bfloat16 activations)")
     tune.add_argument("--no-store", action="store_true", help="print the results without storing them")
     tune.add_argument("--dry-run", action="store_true", help="list the candidates only (no GPU needed; target "
                       f"default {DEFAULT_TARGET})")

@@ -124,3 +124,25 @@ def test_tune_fold_scales(capsys, scheme, target, option, folds):
 def test_tune_fold_scales_errors(capsys, argv, fragments):
     rc, out, err = _run(capsys, "tune", "--dry-run", *argv)
     assert rc == 2 and err.count("\n") == 1 and all(f in err for f in fragments), err
+
+
+@pytest.mark.parametrize("scheme,target,act", [
+    ("w4a8-mxfp4-fp8", "sm_80", "act=16-bit"),  # no fp8 MMA on sm_80: QuantLinear runs bfloat16 activations
+    ("w8a8-int8-channel", "sm_80", "act=int8/token"),  # int8 MMA from sm_80: as the scheme
+    ("w4a8-mxfp4-fp8", "sm_90a", "act=float8e4m3/token"),
+])
+def test_tune_times_the_compute_type_quantlinear_runs(capsys, scheme, target, act):
+    """Where the target has no kernel for the scheme's quantized activations, tune times (and stores under) the
+    layer a QuantLinear falls back to, and says so; --strict refuses in one line."""
+    rc, out, err = _run(capsys, "tune", "--n", "256", "--k", "1024", "--scheme", scheme, "--target", target,
+                        "--m", "16", "--dry-run")
+    assert rc == 0, err
+    layer_line = next(line for line in out.splitlines() if line.startswith("layer"))
+    assert act in layer_line, layer_line
+    assert ("do not run on sm_80" in out) == (act == "act=16-bit")
+    rc, out, err = _run(capsys, "tune", "--n", "256", "--k", "1024", "--scheme", scheme, "--target", target,
+                        "--m", "16", "--dry-run", "--strict")
+    if act == "act=16-bit":
+        assert rc == 2 and err.count("\n") == 1 and "--strict: float8e4m3 activations do not run on sm_80" in err
+    else:
+        assert rc == 0, err
