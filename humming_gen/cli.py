@@ -184,12 +184,12 @@ def _tune_compute(args: argparse.Namespace, layer, target):
         return kernel_reasons(layer.n, layer.k, scheme, ComputeConfig(), target, has_bias=layer.has_bias,
                               dtype=layer.dtype, out_dtype=layer.out_dtype)
 
-    if args.strict and reasons(layer.scheme):
-        raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
-                         f"({reasons(layer.scheme)[0]}); without --strict tune times the compute type a QuantLinear "
-                         f"falls back to")
     choice = resolve(layer.scheme, layer.dtype, target.name, reasons, strict=False, weight_only=False,
                      who="humming-gen tune", log=False)
+    if choice.reasons and args.strict:
+        raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
+                         f"({choice.reasons[0]}); without --strict tune times the compute type a QuantLinear "
+                         f"falls back to")
     if choice.reasons:
         print(f"{layer.scheme.activation.dtype.name} activations do not run on {target.name} ({choice.reasons[0]}); "
               f"tuning {choice.compute_dtype} activations, as a QuantLinear of this scheme runs (--strict refuses)")

@@ -21,6 +21,25 @@ CXX = shutil.which("g++") or shutil.which("c++")
 SM90 = get_target("sm_90a")
 
 
+def expert_constant(name: str) -> str:
+    """The kernel constant holding the bytes of one expert's slice of stacked tensor `name` (b_scale ->
+    kExpertBScaleBytes), which for_expert adds per expert."""
+    return "kExpert" + "".join(p.title() for p in name.split("_")) + "Bytes"
+
+
+def expert_stride_mismatches(plan, stacked, names=("b", "b_scale", "out_scale")) -> dict[str, tuple]:
+    """Stacked weight tensors whose bytes per expert differ from the plan's kExpert*Bytes constant, or which have a
+    constant but no tensor (or the reverse): name -> (constant value, bytes per expert)."""
+    consts = {name: value for name, value, _ in plan.constants}
+    wrong = {}
+    for name in names:
+        t = getattr(stacked, name)
+        per_expert = None if t is None else t[0].numel() * t.element_size()
+        if consts.get(expert_constant(name)) != per_expert:
+            wrong[name] = (consts.get(expert_constant(name)), per_expert)
+    return wrong
+
+
 def ws_moe_plans(layer: LayerConfig, compute: ComputeConfig, block_ms: tuple[int, ...] | None = None) -> list:
     """The warp-specialized MoE kernel plans of every heuristic bucket, or of the given token tiles (any tile the
     pipeline serves, whether or not a bucket takes it)."""

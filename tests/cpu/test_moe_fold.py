@@ -18,7 +18,7 @@ from humming_gen.layer.moe import QuantMoE, expert_weight, prepare_moe_weight
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.targets import get_target
-from moe_host import ws_moe_plans
+from moe_host import expert_constant, ws_moe_plans
 
 SM90 = get_target("sm_90a")
 SCHEME = "w4a8-mxfp4-fp8"
@@ -106,7 +106,7 @@ def test_stacked_exponents_and_row_factors_rebase_per_expert() -> None:
     consts = {name: value for name, value, _ in plan.constants}
     groups = qw.scales.shape[-1]
     for name in ("b_exponent", "out_scale"):
-        per_expert = consts["kExpert" + "".join(p.title() for p in name.split("_")) + "Bytes"]
+        per_expert = consts[expert_constant(name)]
         flat = getattr(stacked, name).contiguous().view(torch.uint8).reshape(-1)
         assert flat.numel() == experts * per_expert, name
         for e in range(experts):

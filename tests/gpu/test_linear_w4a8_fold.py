@@ -5,8 +5,8 @@ fallback that promotes partial sums with the group scales, against the float64 r
 Weights: Gaussian times a power of two per (row, group) drawn from 2^-4 .. 2^4, so the deltas differ from group to
 group and row to row (a delta read for the wrong row, k step or sign shows as a large error); built on the CPU from
 a seed, so whether a case folds is known (asserted). The fallback plants one group 2^-12 below the rest of its row.
-Reference: the dequantized weights times `scheme.activation.quantize(x).dequantize()` in float64, plus bias; fresh
-random activations with an outlier row, outputs poisoned (NaN) before every launch. The fold is exact, so the
+Checked by test_linear_w8a8._check: the dequantized weights times the quantized activations in float64, plus bias;
+fresh random activations with an outlier row, outputs poisoned (NaN) before every launch. The fold is exact, so the
 tolerances are W8A8's (the output type's rounding and fp8 accumulation over 128 k).
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from test_linear_w8a8 import ELEMENT_TOL, TOLERANCE
+from test_linear_w8a8 import TOLERANCE, _check
 
 pytestmark = pytest.mark.gpu
 
@@ -32,22 +32,6 @@ def _weight(n: int, k: int, seed: int, fold: bool) -> torch.Tensor:
     if not fold:
         w[5, 64:96] = w[5, 64:96].abs().clamp(min=0.01) * 2.0 ** -16  # 12+ binades below the row's other groups
     return w
-
-
-def _check(layer: hg.QuantLinear, qw, bias, dtype: torch.dtype, m: int, what: str) -> None:
-    x = torch.randn(m, qw.k, device="cuda").to(dtype)
-    x[0, :7] *= 30  # an outlier row: per-token scales differ by an order of magnitude
-    out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=layer.out_dtype)
-    layer(x, out=out)
-    ref = qw.scheme.activation.quantize(x.double()).dequantize(torch.float64) @ qw.dequantize(torch.float64).T
-    if bias is not None:
-        ref = ref + bias.double()
-    y = out.double()
-    assert torch.isfinite(y).all(), f"{what} m={m}: non-finite outputs (rows or columns left unwritten)"
-    err = ((y - ref).norm() / ref.norm()).item()
-    assert err < TOLERANCE[dtype], f"{what} m={m}: relative error {err:.3g}"
-    worst = ((y - ref).abs().max() / ref.abs().max()).item()
-    assert worst < ELEMENT_TOL[dtype], f"{what} m={m}: largest element error {worst:.3g} of max |ref|"
 
 
 def _cases():

@@ -48,7 +48,7 @@ def assert_pipelines(layer: hg.QuantLinear) -> None:
 def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
     x = torch.randn(m, qw.k, device="cuda").to(dtype)
     x[0, : min(7, qw.k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
-    out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=dtype)
+    out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=layer.out_dtype)
     layer(x, out=out)
     ref = reference_gemm(x.double(), qw, bias=bias)
     y = out.double()

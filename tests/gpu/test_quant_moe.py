@@ -54,6 +54,28 @@ def _routing(m, e, top_k, drop=0.0):
     return weights, ids.to(torch.int32)
 
 
+def capture_without_sync(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+    """Warm up (kernels load, moe_align and any quantize kernels compile), run forward once more under
+    torch.cuda.set_sync_debug_mode("error") (no host synchronisation), then capture forward in a CUDA graph on a
+    side stream. Returns (graph, out): replaying the graph rewrites out from the tensors' current contents."""
+    moe(x, weights, ids)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe(x, weights, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe(x, weights, ids)
+        with torch.cuda.graph(graph, stream=stream):
+            out = moe(x, weights, ids)
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, out
+
+
 def _rel(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -130,21 +152,7 @@ def test_cuda_graph_replay_with_new_routing_and_no_host_sync():
     m, top_k = 40, case[6]
     x = torch.randn(m, moe.hidden, device="cuda").bfloat16()
     weights, ids = _routing(m, moe.num_experts, top_k)
-    moe(x, weights, ids)  # warm up (kernels load, moe_align compiles)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        moe(x, weights, ids)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        moe(x, weights, ids)
-        with torch.cuda.graph(graph, stream=stream):
-            out = moe(x, weights, ids)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_without_sync(moe, x, weights, ids)
     new_weights, new_ids = _routing(m, moe.num_experts, top_k)
     weights.copy_(new_weights)
     ids.copy_(new_ids)

@@ -28,7 +28,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference.moe import local_experts, reference_fused_moe
-from test_quant_moe import _rel, _routing
+from test_quant_moe import _rel, _routing, capture_without_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -41,16 +41,25 @@ GEMM_TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}
 GEMM_ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
-def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool = False, fused: bool = False,
-           activation: str = "silu_mul", layout: str = "split"):
+def build_layer(preset: str, e: int, *, seed: int, pipeline: str | None, dtype=torch.bfloat16, biases: bool = False,
+                fused: bool = False, activation: str = "silu_mul", layout: str = "split", h: int = H, i: int = I):
+    """A QuantMoE of E random experts (w13 (E, 2i, h), w2 (E, h, i)) quantized with `preset`, with random biases
+    where asked: (moe, q13, q2, b13, b2)."""
     torch.manual_seed(seed)
     s = hg.scheme(preset)
-    q13 = s.quantize(torch.randn(e, 2 * I, H, device="cuda") * 0.05)
-    q2 = s.quantize(torch.randn(e, H, I, device="cuda") * 0.05)
-    b13 = (torch.randn(e, 2 * I, device="cuda") * 0.1).to(dtype) if biases else None
-    b2 = (torch.randn(e, H, device="cuda") * 0.1).to(dtype) if biases else None
+    q13 = s.quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.05)
+    q2 = s.quantize(torch.randn(e, h, i, device="cuda") * 0.05)
+    b13 = (torch.randn(e, 2 * i, device="cuda") * 0.1).to(dtype) if biases else None
+    b2 = (torch.randn(e, h, device="cuda") * 0.1).to(dtype) if biases else None
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=activation, gate_up_layout=layout, bias13=b13, bias2=b2,
-                                     dtype=dtype, fused_activation=fused, pipeline="standard")
+                                     dtype=dtype, fused_activation=fused, pipeline=pipeline)
+    return moe, q13, q2, b13, b2
+
+
+def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool = False, fused: bool = False,
+           activation: str = "silu_mul", layout: str = "split"):
+    moe, q13, q2, b13, b2 = build_layer(preset, e, seed=seed, pipeline="standard", dtype=dtype, biases=biases,
+                                        fused=fused, activation=activation, layout=layout)
     kernels = [k.kernel for pair in moe._launchers for k in pair]
     assert {k.plan.tuning.mma for k in kernels} == {"m16n8k32"}, preset
     return moe, q13, q2, b13, b2
@@ -95,12 +104,12 @@ def test_quant_moe_a8_matches_reference(preset: str, e: int, fused: bool) -> Non
     assert not bad, f"{preset}: relative error above {tolerance} at (m, top_k) {bad} (all {errors})"
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_quant_moe_a8_fp16_expert_map_and_dropped_tokens(preset: str) -> None:
-    """fp16 layer, expert parallelism: ids are global over 2E experts, expert_map sends the lower half to -1; a
-    token whose slots are all elsewhere gets a zero row."""
-    e = 19
-    moe, q13, q2, b13, b2 = _layer(preset, e, seed=31, dtype=torch.float16, biases=True)
+def check_expert_map(moe, q13, q2, b13, b2, *, poisoned: bool) -> None:
+    """Expert parallelism on an fp16 layer of E experts: ids are global over 2E experts, expert_map sends the lower
+    half to -1; a token whose slots are all elsewhere (or dropped) gets a zero row, the rest match the float64
+    reference. poisoned: through fused_moe into a NaN-poisoned output, every row checked finite; else the layer's
+    forward."""
+    e = moe.num_experts
     expert_map = torch.full((2 * e,), -1, dtype=torch.int32, device="cuda")
     expert_map[e:] = torch.arange(e, dtype=torch.int32, device="cuda")
     for m in M_VALUES:
@@ -110,12 +119,25 @@ def test_quant_moe_a8_fp16_expert_map_and_dropped_tokens(preset: str) -> None:
         ids[0] = torch.tensor([0, 1, -1, 5], device="cuda")  # every slot elsewhere or dropped
         if m > 1:
             ids[1, 2] = -1
-        out = moe(x, weights, ids, expert_map=expert_map)
+        if poisoned:
+            out = torch.full((m, H), float("nan"), dtype=torch.float16, device="cuda")
+            hg.fused_moe(x, moe, weights, ids, expert_map=expert_map, output=out)
+        else:
+            out = moe(x, weights, ids, expert_map=expert_map)
         ref = _reference(moe, x, weights, ids, q13, q2, b13, b2, expert_map=expert_map)
         assert torch.equal(out[0], torch.zeros_like(out[0])), f"m={m}: a token with no local slot"
         if m > 1:
+            if poisoned:
+                assert torch.isfinite(out).all(), f"m={m}: rows left unwritten or non-finite"
             err = _rel(out, ref)
             assert err < LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name], f"m={m}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_quant_moe_a8_fp16_expert_map_and_dropped_tokens(preset: str) -> None:
+    """check_expert_map through the layer's forward, fp16 with biases."""
+    moe, q13, q2, b13, b2 = _layer(preset, 19, seed=31, dtype=torch.float16, biases=True)
+    check_expert_map(moe, q13, q2, b13, b2, poisoned=False)
 
 
 def _per_expert(a, expert, w):
@@ -136,20 +158,21 @@ def _check_rows(out, ref, dtype, what):
     assert worst < GEMM_ELEMENT_TOL[dtype], f"{what}: largest element error {worst:.3g} of max |ref|"
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
-    """moe_gemm on moe_align's routing into poisoned outputs: GEMM1 row i = q(x)[i // top_k] @ w13_e^T + b13_e,
-    GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) * topk_weight[i] (q: the scheme's activation quantization, applied to
-    the whole input as the layer does); rows of dropped slots stay NaN."""
-    e = 19
-    moe, q13, q2, b13, b2 = _layer(preset, e, seed=7, biases=True)
+def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int]:
+    """moe_gemm of both GEMMs of `moe` (biases b13 / b2) on moe_align's routing of each M in `ms` (top-2 over its
+    experts, `routing(m, e, top_k, drop=)`) into poisoned outputs: GEMM1 row i = q(x)[i // top_k] @ w13_e^T + b13_e,
+    GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) * topk_weight[i] (q: the scheme's activation quantization of the whole
+    input, as the layer does); rows of dropped slots stay NaN. Returns the token tiles the batches took."""
+    e = moe.num_experts
     act = moe.activation_schemes[0]
     w13, w2 = q13.dequantize().double(), q2.dequantize().double()
-    for m in M_VALUES:
+    tiles = set()
+    for m in ms:
         top_k = 2
         x = torch.randn(m, H, device="cuda").bfloat16()
-        weights, ids = _routing(m, e, top_k, drop=0.2 if m > 1 else 0.0)
+        weights, ids = routing(m, e, top_k, drop=0.2 if m > 1 else 0.0)
         bm = moe.block_m(m, top_k)
+        tiles.add(bm)
         r = hg.moe_align(ids, e, bm)
         h = torch.full((m * top_k, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda")
         hg.moe_gemm(x, moe, "w13", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=top_k, block_m=bm,
@@ -160,7 +183,7 @@ def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
         xq = act.quantize(x).dequantize(torch.float64)
         ref = _per_expert(xq[rows], expert[routed], w13) + b13.double()[expert[routed]]
         assert torch.isnan(h[~routed]).all(), f"m={m}: a dropped assignment's row was written"
-        _check_rows(h[routed], ref, torch.bfloat16, f"{preset} w13 m={m}")
+        _check_rows(h[routed], ref, torch.bfloat16, f"{what} w13 m={m} block_m={bm}")
         a = torch.randn(m * top_k, I, device="cuda").bfloat16()
         y = torch.full((m * top_k, H), float("nan"), dtype=torch.bfloat16, device="cuda")
         hg.moe_gemm(a, moe, "w2", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=1, block_m=bm,
@@ -169,7 +192,15 @@ def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
         ref2 = ((_per_expert(aq[routed], expert[routed], w2) + b2.double()[expert[routed]])
                 * weights.reshape(-1).double()[routed, None])
         assert torch.isnan(y[~routed]).all(), f"m={m}: a dropped assignment's row was written (w2)"
-        _check_rows(y[routed], ref2, torch.bfloat16, f"{preset} w2 m={m}")
+        _check_rows(y[routed], ref2, torch.bfloat16, f"{what} w2 m={m} block_m={bm}")
+    return tiles
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
+    """check_routed_gemms on the default buckets (the standard pipeline's below 17 rows per expert)."""
+    moe, q13, q2, b13, b2 = _layer(preset, 19, seed=7, biases=True)
+    check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES, _routing, preset)
 
 
 @pytest.mark.parametrize("layout", ["grouped_masked", "grouped_contiguous"])
@@ -219,21 +250,7 @@ def test_a8_cuda_graph_replay_with_new_routing_and_no_host_sync() -> None:
     m, top_k = 40, 2
     x = torch.randn(m, H, device="cuda").bfloat16()
     weights, ids = _routing(m, e, top_k)
-    moe(x, weights, ids)  # warm up (kernels load, moe_align and the quantize kernels compile)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        moe(x, weights, ids)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        moe(x, weights, ids)
-        with torch.cuda.graph(graph, stream=stream):
-            out = moe(x, weights, ids)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_without_sync(moe, x, weights, ids)
     new_weights, new_ids = _routing(m, e, top_k)
     weights.copy_(new_weights)
     ids.copy_(new_ids)

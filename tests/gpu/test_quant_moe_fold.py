@@ -16,10 +16,8 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.reference.moe import local_experts
-from test_quant_moe import _rel, _routing
-from test_quant_moe_a8 import LAYER_TOLERANCE, _check_rows, _per_expert, _reference
-from test_quant_moe_a8_ws import SMALL_M, SMALL_M_LAYER_TOLERANCE, _pipelines_of, _ragged_routing
+from test_quant_moe_a8 import LAYER_TOLERANCE, check_expert_map, check_routed_gemms
+from test_quant_moe_a8_ws import SMALL_M, SMALL_M_LAYER_TOLERANCE, _ragged_routing, layer_errors
 
 pytestmark = pytest.mark.gpu
 
@@ -76,20 +74,7 @@ def test_folded_quant_moe_matches_reference(activation: str, layout: str, e: int
     below 17 rows per expert, folded warp-specialized from there on), ragged routing, an outlier token."""
     moe, q13, q2, b13, b2 = _layer(e, seed=e, plant=plant, biases=e == 8, fused=fused, activation=activation,
                                    layout=layout)
-    errors, seen = {}, set()
-    for m in M_VALUES:
-        for top_k in (2, 8):
-            x = torch.randn(m, H, device="cuda").to(moe.dtype)
-            x[0, :5] *= 20
-            if top_k == 8 and e == 8:
-                weights, ids = _routing(m, e, top_k, drop=0.1 if m > 1 else 0.0)
-            else:
-                weights, ids = _ragged_routing(m, e, min(top_k, e - 2), drop=0.1 if m > 1 else 0.0)
-            out = torch.full((m, H), float("nan"), dtype=moe.dtype, device="cuda")
-            assert hg.fused_moe(x, moe, weights, ids, output=out) is out
-            assert torch.isfinite(out).all(), f"m={m} top_k={top_k}: rows left unwritten or non-finite"
-            errors[(m, top_k)] = _rel(out, _reference(moe, x, weights, ids, q13, q2, b13, b2))
-            seen.add(_pipelines_of(moe, m, ids.shape[1]))
+    errors, seen = layer_errors(moe, q13, q2, b13, b2)
     assert seen == {("standard", "standard"), ("warp_specialized", "warp_specialized")}, seen
     bad = {k: err for k, err in errors.items() if not err < (SMALL_M_LAYER_TOLERANCE if k[0] < SMALL_M else TOLERANCE)}
     assert not bad, f"relative error above the bound at (m, top_k) {bad} (all {errors})"
@@ -97,64 +82,16 @@ def test_folded_quant_moe_matches_reference(activation: str, layout: str, e: int
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p or "folded")
 def test_folded_gemms_write_exactly_the_routed_rows(plant: str | None) -> None:
-    """moe_gemm of every bucket forced onto the warp-specialized pipeline, on moe_align's routing, into poisoned
-    outputs: GEMM1 row i = q(x)[i // top_k] @ w13_e^T + b13_e, GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) *
-    topk_weight[i]; rows of dropped slots stay NaN."""
-    e = 19
-    moe, q13, q2, b13, b2 = _layer(e, seed=7, plant=plant, pipeline="warp_specialized", biases=True)
-    act = moe.activation_schemes[0]
-    w13, w2 = q13.dequantize().double(), q2.dequantize().double()
-    tiles = set()
-    for m in M_VALUES + (300, 400):  # M x top-2 / 19 experts rows per expert: 300 -> 32, 400 -> 43 (tile 64)
-        top_k = 2
-        x = torch.randn(m, H, device="cuda").bfloat16()
-        weights, ids = _ragged_routing(m, e, top_k, drop=0.2 if m > 1 else 0.0)
-        bm = moe.block_m(m, top_k)
-        tiles.add(bm)
-        r = hg.moe_align(ids, e, bm)
-        h = torch.full((m * top_k, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda")
-        hg.moe_gemm(x, moe, "w13", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=top_k, block_m=bm,
-                    out=h)
-        expert = local_experts(ids, e).reshape(-1)
-        routed = expert >= 0
-        rows = (torch.arange(m * top_k, device="cuda") // top_k)[routed]
-        xq = act.quantize(x).dequantize(torch.float64)
-        ref = _per_expert(xq[rows], expert[routed], w13) + b13.double()[expert[routed]]
-        assert torch.isnan(h[~routed]).all(), f"m={m}: a dropped assignment's row was written"
-        _check_rows(h[routed], ref, torch.bfloat16, f"w13 m={m} block_m={bm}")
-        a = torch.randn(m * top_k, I, device="cuda").bfloat16()
-        y = torch.full((m * top_k, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-        hg.moe_gemm(a, moe, "w2", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=1, block_m=bm,
-                    topk_weights=weights.reshape(-1), out=y)
-        aq = act.quantize(a).dequantize(torch.float64)
-        ref2 = ((_per_expert(aq[routed], expert[routed], w2) + b2.double()[expert[routed]])
-                * weights.reshape(-1).double()[routed, None])
-        assert torch.isnan(y[~routed]).all(), f"m={m}: a dropped assignment's row was written (w2)"
-        _check_rows(y[routed], ref2, torch.bfloat16, f"w2 m={m} block_m={bm}")
+    """check_routed_gemms (test_quant_moe_a8.py) on every bucket forced onto the warp-specialized pipeline, folded
+    where the GEMM folds, with ragged routing; M = 300 and 400 give 32 and 43 rows per expert (the 64-token tile)."""
+    moe, q13, q2, b13, b2 = _layer(19, seed=7, plant=plant, pipeline="warp_specialized", biases=True)
+    tiles = check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES + (300, 400), _ragged_routing, f"plant={plant}")
     assert tiles == {8, 16, 64, 128}, tiles
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p or "folded")
 def test_folded_fp16_expert_map_and_dropped_tokens(plant: str | None) -> None:
-    """fp16 layer with biases and the fused swiglu, expert parallelism: ids are global over 2E experts, expert_map
-    sends the lower half to -1; a token whose slots are all elsewhere gets a zero row."""
-    e = 19
-    moe, q13, q2, b13, b2 = _layer(e, seed=31, plant=plant, dtype=torch.float16, biases=True, fused=True,
+    """check_expert_map through fused_moe into a poisoned output, fp16 with biases and the fused swiglu."""
+    moe, q13, q2, b13, b2 = _layer(19, seed=31, plant=plant, dtype=torch.float16, biases=True, fused=True,
                                    activation="swiglu_oai", layout="interleaved")
-    expert_map = torch.full((2 * e,), -1, dtype=torch.int32, device="cuda")
-    expert_map[e:] = torch.arange(e, dtype=torch.int32, device="cuda")
-    for m in M_VALUES:
-        x = torch.randn(m, H, device="cuda").half()
-        weights = torch.rand(m, 4, device="cuda")
-        ids = torch.randint(0, 2 * e, (m, 4), device="cuda", dtype=torch.int32)
-        ids[0] = torch.tensor([0, 1, -1, 5], device="cuda")  # every slot elsewhere or dropped
-        if m > 1:
-            ids[1, 2] = -1
-        out = torch.full((m, H), float("nan"), dtype=torch.float16, device="cuda")
-        hg.fused_moe(x, moe, weights, ids, expert_map=expert_map, output=out)
-        ref = _reference(moe, x, weights, ids, q13, q2, b13, b2, expert_map=expert_map)
-        assert torch.equal(out[0], torch.zeros_like(out[0])), f"m={m}: a token with no local slot"
-        if m > 1:
-            assert torch.isfinite(out).all(), f"m={m}: rows left unwritten or non-finite"
-            err = _rel(out, ref)
-            assert err < TOLERANCE, f"m={m}: relative error {err:.3g}"
+    check_expert_map(moe, q13, q2, b13, b2, poisoned=True)

@@ -13,6 +13,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference.moe import local_experts, reference_fused_moe
+from test_quant_moe import _rel, _routing, capture_without_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -52,18 +53,6 @@ def _layer(case, seed=0, fused=False, pipeline=None, quantized=None):
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=act, gate_up_layout=layout, bias13=b13, bias2=b2,
                                      dtype=dtype, fused_activation=fused, pipeline=pipeline)
     return moe, q13, q2, b13, b2
-
-
-def _routing(m, e, top_k, drop=0.0):
-    logits = torch.randn(m, e, device="cuda")
-    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
-    if drop:
-        ids = torch.where(torch.rand(m, top_k, device="cuda") < drop, torch.full_like(ids, -1), ids)
-    return weights, ids.to(torch.int32)
-
-
-def _rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def _reference(moe, q13, q2, b13, b2, x, weights, ids, expert_map=None):
@@ -188,21 +177,7 @@ def test_cuda_graph_replay_with_new_routing_on_a_warp_specialized_bucket():
     assert _pipelines(moe, m, top_k) == ("warp_specialized", "warp_specialized")
     x = torch.randn(m, moe.hidden, device="cuda").bfloat16()
     weights, ids = _routing(m, moe.num_experts, top_k)
-    moe(x, weights, ids)  # warm up (kernels load, moe_align compiles)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        moe(x, weights, ids)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        moe(x, weights, ids)
-        with torch.cuda.graph(graph, stream=stream):
-            out = moe(x, weights, ids)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_without_sync(moe, x, weights, ids)
     new_weights, new_ids = _routing(m, moe.num_experts, top_k, drop=0.3)
     new_ids[: m // 2] = 0  # one crowded expert: more m blocks than the captured routing had
     weights.copy_(new_weights)
