@@ -393,8 +393,7 @@ class QuantMoE(torch.nn.Module):
         (warm up before a CUDA graph capture). It reads the layer's packed weights, on the pipeline an indexed GEMM
         of that many rows per expert takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows
         per expert on sm_90a); `pipeline` forces "standard" or "warp_specialized"; without it the layer's own
-        pipeline= applies where that pipeline serves the grouped GEMM (a folded GEMM's grouped kernels are
-        standard)."""
+        pipeline= applies where that pipeline serves the grouped GEMM."""
         from humming_gen.codegen import compose
         from humming_gen.heuristics import grouped_moe_tuning
         from humming_gen.kernel import build_many
@@ -416,7 +415,7 @@ class QuantMoE(torch.nn.Module):
         if pipeline is None:  # the layer's own pipeline=, where that pipeline serves grouped GEMMs of this weight
             pipeline = self.pipeline
             if pipeline == "warp_specialized" and WARP_SPECIALIZED.supports(layer, compute, self.target):
-                pipeline = "standard"  # e.g. a folded GEMM: folded scales are generated for indexed kernels only
+                pipeline = "standard"  # e.g. group sizes the warp-specialized kernels do not serve
         tuning = grouped_moe_tuning(self._standard_plans[index], layer, compute, self.target, rows_per_expert,
                                     pipeline=pipeline)
         key = (weight, gemm, tuning)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.codegen import ComposeError, compose
+from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build_many, generate
@@ -33,9 +33,9 @@ def _plans(layer: LayerConfig, compute: ComputeConfig, block_ms: tuple[int, ...]
     return ws_moe_plans(layer, compute, block_ms)
 
 
-def test_compose_folds_indexed_moe_kernels_and_refuses_the_rest() -> None:
-    """The warp-specialized indexed kernel reads the deltas and row factors instead of the group scales; the
-    standard pipeline's MoE kernels and grouped layouts read the fp32 group scales of the same packed weight."""
+def test_compose_folds_indexed_and_grouped_moe_kernels() -> None:
+    """The warp-specialized indexed and grouped kernels read the deltas and row factors instead of the group scales;
+    the standard pipeline's MoE kernels read the fp32 group scales of the same packed weight."""
     layer = _layer(1024, 2048, has_bias=True)
     tuning = choose_moe_tunings(layer, SM90).for_m(1000)
     folded = compose(layer, WEIGHTED, tuning, SM90)
@@ -54,9 +54,15 @@ def test_compose_folds_indexed_moe_kernels_and_refuses_the_rest() -> None:
     standard = compose(layer, WEIGHTED, small, SM90)
     assert standard.layout == folded.layout and "b_scale" in [a.name for a in standard.args]
     assert not standard.kernel_name.endswith("_fold")
-    for gemm in ("grouped_masked", "grouped_contiguous"):  # grouped layouts stay on the standard pipeline
-        with pytest.raises(ComposeError, match="folded group scales are generated for dense and indexed MoE"):
-            compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+    for gemm, suffix in (("grouped_masked", "_moe_masked_fold"), ("grouped_contiguous", "_moe_contiguous_fold")):
+        grouped = compose(layer, ComputeConfig(gemm=gemm), tuning, SM90)
+        assert grouped.kernel_name.endswith(suffix) and grouped.layout == folded.layout
+        assert [a.name for a in grouped.args if a.name.startswith(("b", "out_scale"))] == \
+            [a.name for a in folded.args if a.name.startswith(("b", "out_scale"))]  # the same weight tensors
+        src = generate(grouped)
+        assert "nibbles_to_a8_folded(v.x" in src and "b_scale" not in src
+        assert ("p.b_exponent = static_cast<const char*>(p.b_exponent) + static_cast<long long>(expert) * "
+                "cfg::kExpertBExponentBytes;") in src and "p.m = row_end;" in src
     with pytest.raises(ValueError, match="fold_scales=True: .*e8m0 group scales"):
         LayerConfig(n=1024, k=2048, scheme="w4a8-int4-g128-fp8", num_experts=8, fold_scales=True)
 
@@ -179,15 +185,19 @@ def test_component_declarations_match_the_folded_moe_source() -> None:
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
 
 
-def test_grouped_gemms_of_a_folded_layer_run_standard_also_under_pipeline_warp_specialized() -> None:
-    """The layer's own pipeline= applies to grouped GEMMs where that pipeline serves them; a folded GEMM's grouped
-    kernels are standard (folded scales are generated for indexed kernels), an explicit pipeline= still forces."""
+def test_grouped_gemms_of_a_folded_layer_read_the_folded_scales() -> None:
+    """A folded GEMM's grouped kernels are warp-specialized and folded from 17 rows per expert on (as its indexed
+    ones), compile without spills, and bind the layer's one packed weight; pipeline="standard" still forces the
+    promotion of the fp32 group scales."""
     torch.manual_seed(5)
     w13, w2 = torch.randn(8, 256, 256) * 0.05, torch.randn(8, 256, 128) * 0.05
-    moe = QuantMoE.from_float(w13, w2, hg.scheme("w4a8-mxfp4-fp8"), target="sm_90a", device="cpu",
-                              pipeline="warp_specialized")
-    assert moe.fold_scales == (True, True)
-    for gemm in ("grouped_masked", "grouped_contiguous"):
-        assert moe.grouped_launcher("w2", gemm, 100).kernel.plan.pipeline == "standard"
-        with pytest.raises(ValueError, match="folded group scales are generated for dense and indexed"):
-            moe.grouped_launcher("w2", gemm, 100, pipeline="warp_specialized")
+    for pipeline in (None, "warp_specialized"):
+        moe = QuantMoE.from_float(w13, w2, hg.scheme("w4a8-mxfp4-fp8"), target="sm_90a", device="cpu",
+                                  pipeline=pipeline)
+        assert moe.fold_scales == (True, True)
+        for gemm in ("grouped_masked", "grouped_contiguous"):
+            kernel = moe.grouped_launcher("w2", gemm, 100).kernel
+            assert kernel.plan.pipeline == "warp_specialized" and kernel.name.endswith("_fold"), kernel.name
+            assert kernel.resources["spill_store_bytes"] == 0 and kernel.resources["stack_bytes"] == 0
+            forced = moe.grouped_launcher("w2", gemm, 100, pipeline="standard").kernel
+            assert forced.plan.pipeline == "standard" and not forced.name.endswith("_fold")

@@ -255,9 +255,9 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     # one packed copy per GEMM serves both pipelines' kernels
     assert len({g1.plan.layout for g1, _ in moe._kernels}) == 1 and len({g2.plan.layout for _, g2 in moe._kernels}) == 1
     assert moe.launcher_for("w2", 4096, 128).kernel.plan.pipeline == "warp_specialized"
-    # grouped layouts: warp-specialized, except a folded GEMM's (folded scales: dense and indexed kernels only)
-    grouped = "standard" if moe.fold_scales[1] else "warp_specialized"
-    assert moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel.plan.pipeline == grouped
+    # grouped layouts: warp-specialized, folded where the GEMM folds (tests/cpu/test_moe_fold.py)
+    grouped = moe.grouped_launcher("w2", "grouped_contiguous", 100).kernel
+    assert grouped.plan.pipeline == "warp_specialized" and grouped.name.endswith("_fold") == moe.fold_scales[1]
     forced = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", pipeline="warp_specialized")
     assert {g.kernel.plan.pipeline for pair in forced._launchers for g in pair} == {"warp_specialized"}
     assert forced.block_ms == [8, 16, 64, 128]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from test_quant_moe_a8 import LAYER_TOLERANCE, check_expert_map, check_routed_gemms
+from test_quant_moe_a8 import LAYER_TOLERANCE, _check_rows, check_expert_map, check_routed_gemms
 from test_quant_moe_a8_ws import SMALL_M, SMALL_M_LAYER_TOLERANCE, _ragged_routing, layer_errors
 
 pytestmark = pytest.mark.gpu
@@ -95,3 +95,43 @@ def test_folded_fp16_expert_map_and_dropped_tokens(plant: str | None) -> None:
     moe, q13, q2, b13, b2 = _layer(19, seed=31, plant=plant, dtype=torch.float16, biases=True, fused=True,
                                    activation="swiglu_oai", layout="interleaved")
     check_expert_map(moe, q13, q2, b13, b2, poisoned=True)
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p or "folded")
+def test_folded_grouped_gemms_match_the_reference(plant: str | None) -> None:
+    """grouped_moe_gemm on a folded layer's weights (warp-specialized, kernels ending in _fold where the GEMM folds):
+    contiguous segments of ragged lengths (empty experts too) and the masked layout with counts of 0, max_m and
+    past it, into NaN-poisoned outputs, against q(a) @ w_e^T + b_e in float64 (q: the scheme's activation
+    quantization of the rows); rows past the segments or counts stay NaN."""
+    e, max_m = 19, 96
+    moe, q13, q2, b13, b2 = _layer(e, seed=11, plant=plant, biases=True)
+    act = moe.activation_schemes[0]
+    g = torch.Generator().manual_seed(3)
+    for weight, q, b, k, n, folds in (("w13", q13, b13, H, 2 * I, plant != "w13"), ("w2", q2, b2, I, H, plant != "w2")):
+        w = q.dequantize().double()
+        counts = torch.randint(0, 80, (e,), generator=g)
+        counts[[0, 4, 9]] = 0
+        offsets = torch.zeros(e + 1, dtype=torch.int32)
+        offsets[1:] = torch.cumsum(counts, 0)
+        rows = int(offsets[-1])
+        a = torch.randn(rows + 5, k, device="cuda").bfloat16()  # 5 rows past the last segment
+        out = torch.full((rows + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launcher = moe.grouped_launcher(weight, "grouped_contiguous", rows // e)
+        assert launcher.kernel.name.endswith("_fold") == folds, launcher.kernel.name
+        hg.grouped_moe_gemm(a, moe, weight, offsets.cuda(), layout="grouped_contiguous", out=out)
+        aq = act.quantize(a).dequantize(torch.float64)
+        ref = torch.cat([aq[offsets[j]:offsets[j + 1]] @ w[j].T + b[j].double() for j in range(e)])
+        _check_rows(out[:rows], ref, torch.bfloat16, f"{weight} contiguous plant={plant}")
+        assert torch.isnan(out[rows:]).all(), f"{weight}: rows past the last segment were written"
+        mcounts = torch.randint(0, max_m + 1, (e,), generator=g).to(torch.int32)
+        mcounts[0], mcounts[1], mcounts[2] = 0, max_m, max_m + 7
+        am = torch.randn(e, max_m, k, device="cuda").bfloat16()
+        outm = torch.full((e, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        hg.grouped_moe_gemm(am, moe, weight, mcounts.cuda(), layout="grouped_masked", out=outm, expected_m=48)
+        aqm = act.quantize(am.reshape(-1, k)).dequantize(torch.float64).reshape(e, max_m, k)
+        for j in range(e):
+            c = min(int(mcounts[j]), max_m)
+            if c:
+                _check_rows(outm[j, :c], aqm[j, :c] @ w[j].T + b[j].double(), torch.bfloat16,
+                            f"{weight} masked expert {j} plant={plant}")
+            assert torch.isnan(outm[j, c:]).all(), f"{weight} masked expert {j}: rows past its count were written"

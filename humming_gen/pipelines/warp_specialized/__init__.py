@@ -41,7 +41,6 @@ class WarpSpecialized:
         if layer.scheme.activation is not None:
             return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS)
                     + _standard_a8.scheme_reasons(layer) + _compose_a8.operand_reasons(layer)
-                    + _compose_a8.fold_reasons(layer, compute)
                     + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS) + _compose.layout_reasons(layer)
                 + lacking(target, WarpSpecializedPipeline.requires, "warp-specialized pipeline"))

@@ -19,8 +19,8 @@ MoE (indexed, as the 16-bit warp-specialized MoE and the standard 8-bit one): pe
 rebased per unit, rows of activation codes gathered through the routing by the producer, each token column's
 activation scales (per token in the epilogue, per group at promotion) those of the row its assignment reads,
 sorted_ids[m] / top_k; router-weight multiply and the fused gated epilogue as for 16-bit activations. Folded group
-scales: each expert's exponent deltas and row factors (b_exponent, out_scale) rebased with its weights (indexed
-only). Grouped layouts read dense row windows of codes and their rows' activation scales
+scales: each expert's exponent deltas and row factors (b_exponent, out_scale) rebased with its weights (indexed and
+grouped). Grouped layouts read dense row windows of codes and their rows' activation scales
 (MoeGroupedPersistentSchedule).
 """
 
@@ -193,15 +193,6 @@ def a8_moe_tuning_reasons(tuning: TuningConfig, gather: bool) -> list[str]:
     return reasons
 
 
-def fold_reasons(layer: LayerConfig, compute: ComputeConfig) -> list[str]:
-    """Folded group scales are generated for dense and indexed MoE GEMMs; grouped layouts of a folded layer stay on
-    the standard pipeline, which reads the same weight's group scales."""
-    if layer.fold_scales and compute.gemm in GROUPED_GEMMS:
-        return [f"fold_scales=True with gemm={compute.gemm!r}: folded group scales are generated for dense and indexed "
-                f"MoE GEMMs (the standard pipeline serves this)"]
-    return []
-
-
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target) -> KernelPlan:
     """The components of one warp-specialized kernel with 8-bit activations; ComposeError lists what is off."""
     s, a = layer.scheme, layer.scheme.activation
@@ -213,7 +204,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
-    reasons += fold_reasons(layer, compute)
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
