@@ -44,7 +44,7 @@ for scheme, n, k, ms in (("w8a8-fp8-channel", 1024, 2048, (33, 64)), ("w8a8-mxfp
         worst = max(worst, rel(layer(x), reference_gemm(x.double(), qw)))
 # grouped layouts on the warp-specialized pipeline (16- and 8-bit): ragged contiguous windows with an empty expert,
 # masked counts of 0, max_m and past max_m
-for scheme in ("w4a16-int4-g128", "w8a8-fp8-block128", "w8a8-fp8-channel"):
+for scheme in ("w4a16-int4-g128", "w8a8-fp8-block128", "w8a8-fp8-channel", "w4a8-mxfp4-fp8"):
     s = hg.scheme(scheme)
     q13 = s.quantize(torch.randn(8, 256, 256, device="cuda") * 0.05)
     q2 = s.quantize(torch.randn(8, 256, 128, device="cuda") * 0.05)
@@ -68,6 +68,6 @@ for scheme in ("w4a16-int4-g128", "w8a8-fp8-block128", "w8a8-fp8-channel"):
         c = min(int(mcounts[j]), max_m)
         if c:
             worst = max(worst, rel(outm[j, :c], aqm[j, :c] @ w13[j].T))
-    pipelines.add(f"grouped:{scheme}")
+    pipelines.add(f"grouped:{scheme}" + ("_fold" if any(moe.fold_scales) else ""))
 torch.cuda.synchronize()
 print(f"sanitize moe sample: max relative error {worst:.2e}, pipelines {sorted(pipelines)}")
