@@ -21,7 +21,7 @@ SM_90A = attrs.evolve(
     smem_per_sm=233472,           # 228 KB
     max_threads_per_sm=2048,
     l2_bytes=50 * 2**20,
-    features=SM_89.features | {"tma", "tma_multicast", "wgmma", "clusters", "setmaxnreg", "pdl"},
+    features=SM_89.features | {"tma", "tma_multicast", "wgmma", "clusters", "setmaxnreg", "pdl", "stmatrix"},
     mma_shapes={pair: shapes + (("wgmma",) if pair in WGMMA_PAIRS else ())
                 for pair, shapes in SM_89.mma_shapes.items()},
     predecessor="sm_89",

@@ -18,6 +18,7 @@ from humming_gen.config.tuning import MMAS
 FEATURES = frozenset({
     "cp_async",        # cp.async global->shared copies (sm_80+)
     "ldmatrix",        # ldmatrix shared->register fragment loads
+    "stmatrix",        # stmatrix register fragments->shared (sm_90+)
     "mma_bf16",        # bf16 mma.sync (sm_80+)
     "mma_fp8",         # e4m3/e5m2 mma.sync (sm_89+)
     "cvt_fp8",         # cvt.rn.satfinite.{e4m3,e5m2}x2.f32: fp32 -> fp8 pair conversion (sm_89+)

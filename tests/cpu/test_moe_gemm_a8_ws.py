@@ -63,9 +63,10 @@ def test_a8_ws_gated_epilogue_compiles_and_scales_gate_and_up_by_the_token(schem
     for kernel in build_many(plans):
         assert kernel.compiled.resources["spill_store_bytes"] == 0, kernel.name
     src = generate(plans[-1], "nvrtc")
-    gate_up = next(line for line in src.splitlines() if "const float gate = acc[nt][mt][j]" in line)
-    assert gate_up.count("* token_scale + bias_") == 2, gate_up  # (times the column scale first, where there is one)
-    assert "out_row[(n_base + nt * 16) / 2 + g] = from_float(gated_activation(gate, up));" in src
+    gate_up = src[src.index("const u32 v = pack(gated_activation("):].split(";")[0]
+    # gate and up of both token columns, times the token's scale (and the column scale first, where there is one)
+    assert gate_up.count("token_scales[mc][0] + bias_") == 2 and gate_up.count("token_scales[mc][1] + bias_") == 2
+    assert "stmatrix_x1_trans(staging + slot(mc * 8 + lane % 8, nt), v);" in src and "kCols = cfg::kN / 2;" in src
     assert plans[-1].kernel_name.endswith("_moe_" + activation)
 
 
@@ -84,15 +85,15 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
             "kt * cfg::kBlockK);") in src
     assert "const int gk = k0 + chunk * 16;" in src and "valid ? bytes : 0" in src
     # each row's token scale is its activation row's (assignment / top_k), in the epilogue with the router weight
-    assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0);" in src
+    assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0, ring.smem + " in src
     assert "token_scales[mc][j] = live ? a_scale[rows[mc][j] / p.top_k] : 0.0f;" in src
     # a chunk's rows, then their router weights and token scales, all loaded before its stores
     store = src.split("void store_output(")[1]
     assert (store.index("rows[mc][j] = mt0 + mc < cfg::kWarpMTiles ? sorted_ids[")
             < store.index("weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]]")
-            < store.index("out_row[n] = "))
-    assert ("from_float((acc[nt][mt][2 * half + j] * scales[nt][half] * token_scale + biases[nt][half]) * weight)"
-            in src)
+            < store.index("stmatrix_x2_trans(") < store.index("*reinterpret_cast<uint4*>(dst) = v;"))
+    assert "(acc[nt][mt][3] * scales[nt][1] * token_scales[mc][1] + biases[nt][1]) * weights[mc][1]" in src
+    assert "out_rows[i] = staged ? sorted_ids[m_base + mt0 * 8 + staged_row] : p.m;" in src  # each staged row's row of c
     assert "a_scale[m]" not in src and "a_rows" not in src
     plan = _plans(_layer("w8a8-fp8-channel"), block_ms=(128,))[0]
     # the same Params fields (so Launcher.moe binds it) and packed weight as the standard pipeline's A8 MoE kernels
@@ -104,7 +105,7 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
     assert plan.launch.units(100) == tiles * -(-(100 + 8 * 127) // 128) and plan.grid(10**6)[0] == SM90.sm_count
     per_tensor = _source("w8a8-fp8-tensor", bias=False)
     assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in per_tensor
-    assert "(acc[nt][mt][2 * half + j] * scales[nt][half] * a_scale) * weight" in per_tensor
+    assert "(acc[nt][mt][1] * scales[nt][0] * a_scale) * weights[mc][1]" in per_tensor
 
 
 def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:

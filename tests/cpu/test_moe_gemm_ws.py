@@ -53,8 +53,9 @@ def test_ws_gated_epilogue_compiles_and_writes_half_the_columns(activation: str)
     for kernel in build_many(plans):
         assert kernel.compiled.resources["spill_store_bytes"] == 0, kernel.name
     src = hg.kernel.generate(plans[-1], "nvrtc")
-    assert "out_row[(n_base + nt * 16) / 2 + g] = from_float(gated_activation(gate, up));" in src
-    assert "gate = acc[nt][mt][j] + bias_gate[nt], up = acc[nt][mt][2 + j] + bias_up[nt];" in src
+    # features 8 nt + g of tokens 2t, 2t + 1 into piece nt of the staged rows; c has N / 2 columns
+    assert "gated_activation(acc[nt][mt][1] + bias_gate[nt], acc[nt][mt][3] + bias_up[nt])" in src
+    assert "stmatrix_x1_trans(staging + slot(mc * 8 + lane % 8, nt), v);" in src and "kCols = cfg::kN / 2;" in src
     assert plans[-1].kernel_name.endswith("_ws_moe_" + activation)
 
 
@@ -76,8 +77,8 @@ def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
     assert "gather_rows(a_src, p, tc.m0);" in src and "__shfl_sync(0xffffffffu, src[i / kAChunksPerRow]" in src
     assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     # the consumers scatter each row to its assignment's row of c with the expert's bias and the router weight
-    assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0);" in src
-    assert "sorted_ids[m_base + (mt0 + mc) * 8 + 2 * t + j]" in src and "if (mt >= cfg::kWarpMTiles || row >= p.m)" in src
+    assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0, ring.smem + " in src
+    assert "sorted_ids[m_base + (mt0 + mc) * 8 + 2 * t + j]" in src and "if (out_rows[i] >= p.m) continue;" in src
     assert "weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]] : 0.0f;" in src
     consts = {name: value for name, value, _ in plan.constants}
     assert consts["kExpertBBytes"] == consts["kNPad"] * consts["kKPad"] * 4 // 8

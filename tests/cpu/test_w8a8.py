@@ -159,7 +159,10 @@ def test_warp_specialized_8bit_source() -> None:
             assert gone not in src, gone
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in fp8
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in int8
-    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8 and "* scale * token_scales[mt][j]" in fp8
+    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8
+    # whole tiles leave through the warps' staging (stmatrix.trans, then 16-byte stores), channel x token scales
+    assert "acc[nt][mt][0] * scales[nt][0] * token_scales[mc][0]" in fp8 and "stmatrix_x2_trans(staging + " in fp8
+    assert "*reinterpret_cast<uint4*>(dst) = v;" in fp8 and "kStagingBytes = 2048;" in fp8
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in int8 and "acc[0][j][i] +=" not in int8
     assert "acc[0][j][i] += part[j][i] * a_scale[i % 2];" in block and "a_scale[m]" not in block
     assert "const float a_scale[2] = {pair.x * w_scale, pair.y * w_scale};" in block  # the tile's block scale

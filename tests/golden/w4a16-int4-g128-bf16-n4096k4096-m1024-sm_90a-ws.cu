@@ -7,6 +7,7 @@
 // components (in order):
 //   ptx.SmemAddress()
 //   ptx.CpAsync(groups=False)
+//   ptx.Stmatrix(x1=False, x2=True)
 //   ptx.Prmt()
 //   ptx.AndOr()
 //   ptx.Fma2(dtype='bfloat16')
@@ -24,8 +25,8 @@
 //   memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
 //   mma.WgmmaRS(dtype='bfloat16', n=128)
 //   schedule.PersistentSchedule(split_k=1)
-//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
-//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+//   epilogue.StoreOutputStaged(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
+//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, staged_store=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -63,6 +64,7 @@ constexpr int kGroupRowsPerKTile = 1;
 constexpr int kKTilesPerGroup = 1;
 constexpr int kAStageBytes = 32768;
 constexpr int kStageBytes = 50176;
+constexpr int kStagingBytes = 2048;  // a consumer warp's epilogue staging
 constexpr int kBScaleOffset = 49152;  // b_scale rows in a stage
 }  // namespace hg::cfg
 
@@ -96,6 +98,15 @@ __device__ __forceinline__ void cp_async_16(u32 smem_dst, const void* gmem_src, 
 }
 // Every cp.async of this thread has landed (a producer leaving with arrivals still pending on its full barriers).
 __device__ __forceinline__ void cp_async_drain() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// ---- ptx.Stmatrix(x1=False, x2=True)
+// ptx: 8x8 b16 matrices from mma C fragments into shared memory, transposed (sm_90+). Register i of lane (g, t)
+// holds row g, columns 2t and 2t + 1 of matrix i; lane 8i + j gives the address of row j of the stored matrix,
+// which is column j of matrix i (16 bytes, its rows 0..7 in order).
+__device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 r0, u32 r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], { %1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
 
 // ---- ptx.Prmt()
 // ptx: byte permute, used to broadcast one 16-bit lane into a pair or to merge two lanes.
@@ -359,26 +370,73 @@ __device__ __forceinline__ TileCoord unit_coord(int unit) {
 
 // ======================================== epilogue
 
-// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
+// ---- epilogue.StoreOutputStaged(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
 // epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc).
 // Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
+// Staged through shared memory: a warp converts kChunkTiles 8-token m tiles of its accumulators at a time, and
+// stmatrix.trans lays them in its staging buffer as token rows of kPieces 16-byte pieces, each 8 consecutive
+// columns of c; the lanes then store whole pieces, one 16-byte store per 8 values with every 32-byte sector whole
+// (scalar stores where c or ldc is not 16-byte aligned, or a piece runs past the last column). Piece q of staged
+// row r lies in slot q ^ (r / (8 / kPieces) % kPieces) of the row, so the 8 rows of a matrix fall in distinct banks.
 __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,
-                                             int n_base, int m_base) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+                                             int n_base, int m_base, u32 staging) {
+  constexpr int kPieces = 2 * cfg::kWarpNTiles;  // 16-byte pieces per staged row
+  static_assert(kPieces == 1 || kPieces == 2 || kPieces == 4 || kPieces == 8, "a staged row has 1, 2, 4 or 8 pieces");
+  // m tiles per chunk: fewer beside more accumulators (whose registers the chunk's rows and factors would spill)
+  constexpr int kAccRegs = cfg::kWarpNTiles * cfg::kWarpMTiles * 4;
+  constexpr int kRowChunk = kAccRegs <= 64 ? 8 : 4;
+  constexpr int kChunkTiles = cfg::kWarpMTiles < kRowChunk ? (cfg::kWarpMTiles < 16 / kPieces ? cfg::kWarpMTiles : 16 / kPieces)
+                                                           : (kRowChunk < 16 / kPieces ? kRowChunk : 16 / kPieces);
+  static_assert(kChunkTiles * 8 * kPieces * 16 <= cfg::kStagingBytes, "a chunk's rows fit the warp's staging");
+  constexpr int kPiecesPerLane = (kChunkTiles * 8 * kPieces + 31) / 32;
+  constexpr int kCols = cfg::kN;  // columns of c
+  const int lane = threadIdx.x % 32;
   u16* c = static_cast<u16*>(p.c);
+  const int col_base = n_base;  // the warp's first column of c
+  const bool vector = reinterpret_cast<unsigned long long>(c) % 16 == 0 && p.ldc % 8 == 0;
+  auto slot = [](int r, int q) { return (r * kPieces + (q ^ (r / (8 / kPieces) % kPieces))) * 16; };
+  auto pack = [](float lo, float hi) { return static_cast<u32>(from_float(lo)) | static_cast<u32>(from_float(hi)) << 16; };
 #pragma unroll
-  for (int nt = 0; nt < cfg::kWarpNTiles; ++nt) {
+  for (int mt0 = 0; mt0 < cfg::kWarpMTiles; mt0 += kChunkTiles) {
+    int out_rows[kPiecesPerLane];  // the row of c of each piece this lane stores, p.m for none
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int n = n_base + nt * 16 + g + 8 * half;
-      if (n >= cfg::kN) continue;
+    for (int i = 0; i < kPiecesPerLane; ++i) {
+      const int staged_row = (lane + 32 * i) / kPieces;
+      const bool staged = staged_row < kChunkTiles * 8 && mt0 + staged_row / 8 < cfg::kWarpMTiles;
+      const int m = m_base + mt0 * 8 + staged_row;
+      out_rows[i] = staged && m < p.m ? m : p.m;
+    }
+    __syncwarp();  // the previous chunk's pieces are read
 #pragma unroll
-      for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) {
+    for (int mc = 0; mc < kChunkTiles; ++mc) {
+      const int mt = mt0 + mc;
+      if (mt >= cfg::kWarpMTiles) break;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int m = m_base + mt * 8 + 2 * t + j;
-          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j]);
-        }
+      for (int nt = 0; nt < cfg::kWarpNTiles; ++nt) {
+        // rows g (half 0) and g + 8 (half 1) of n tile nt, tokens 2t, 2t + 1: pieces 2 nt and 2 nt + 1
+        const u32 lo = pack(acc[nt][mt][0],
+                            acc[nt][mt][1]);
+        const u32 hi = pack(acc[nt][mt][2],
+                            acc[nt][mt][3]);
+        stmatrix_x2_trans(staging + slot(mc * 8 + lane % 8, 2 * nt + lane / 8 % 2), lo, hi);
+      }
+    }
+    __syncwarp();  // the chunk is staged
+#pragma unroll
+    for (int i = 0; i < kPiecesPerLane; ++i) {
+      if (out_rows[i] >= p.m) continue;
+      const int piece = lane + 32 * i, staged_row = piece / kPieces, q = piece % kPieces, col = col_base + q * 8;
+      uint4 v;  // (volatile: after the stmatrix stores and the __syncwarp)
+      asm volatile("ld.shared.v4.b32 { %0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(staging + slot(staged_row, q)));
+      u16* dst = c + static_cast<long long>(out_rows[i]) * p.ldc + col;
+      if (vector && col + 8 <= kCols) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (col + e < kCols) dst[e] = static_cast<u16>(words[e / 2] >> (16 * (e % 2)));
       }
     }
   }
@@ -386,7 +444,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True)
+// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, staged_store=True)
 // pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
 // their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
 // completes when both have landed. Consumer warpgroup kWg (0-based; warpgroup kWg + 1 of the CTA) multiplies n tiles
@@ -531,7 +589,7 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
     for (int i = 0; i < cfg::kWarpNTiles; ++i) fence_accumulators(acc[i]);
     release(previous);
 
-    store_output(acc, p, tc.n0 + w * 64 + kTile0 * 16, tc.m0);
+    store_output(acc, p, tc.n0 + w * 64 + kTile0 * 16, tc.m0, ring.smem + cfg::kStages * (cfg::kStageBytes + 16) + (kWg * 4 + w) * cfg::kStagingBytes);
   }
 }
 

@@ -147,3 +147,27 @@ class StoreOutput(Component):
                 "out_convert": "" if self.out_dtype == "float32" else "from_float", "a_scale_decl": decl,
                 "row_token_scale": row_token_scale, "gated_value": gated_value, "gate_suffix": gate_suffix,
                 "up_suffix": up_suffix, "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": SWIGLU_LIMIT}
+
+
+@attrs.frozen
+class StoreOutputStaged(StoreOutput):
+    """StoreOutput through the warp's staging buffer in shared memory: stmatrix.trans lays its fragments out as
+    token rows, then 16-byte stores write them (one store per 8 values, whole sectors, instead of one per value).
+    For the warp-specialized consumers' whole tiles of 16-bit outputs (tile_rows' chunked lookups for MoE)."""
+
+    template: ClassVar[str] = "epilogue/store_output_staged.cuh.j2"
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.fragment_store:
+            raise ValueError("StoreOutputStaged stores whole tiles: fragment_store is StoreOutput's")
+        if self.out_dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"StoreOutputStaged stages 16-bit outputs, not out_dtype={self.out_dtype!r}")
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return super().ptx + ("stmatrix_x1" if self.gated else "stmatrix_x2",)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return super().needs | {"stmatrix_x1_trans" if self.gated else "stmatrix_x2_trans"}

@@ -60,6 +60,22 @@ class Ldmatrix(Component):
 
 
 @attrs.frozen
+class Stmatrix(Component):
+    """stmatrix .trans: accumulator fragments into shared memory as rows of the transposed tile (a staged store)."""
+
+    template: ClassVar[str] = "ptx/stmatrix.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"stmatrix"})
+    x1: bool = False  # one matrix: a 16-row tile's 8 gated features
+    x2: bool = True  # two: a 16-row tile's rows g and g + 8
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"stmatrix_x1_trans"} if self.x1 else set()) | frozenset({"stmatrix_x2_trans"} if self.x2
+                                                                                   else set())
+
+
+@attrs.frozen
 class Prmt(Component):
     template: ClassVar[str] = "ptx/prmt.cuh.j2"
     family: ClassVar[str] = "ptx"
@@ -196,22 +212,25 @@ class NamedBarrier(Component):
 
 
 WRAPPERS: dict[str, type[Component]] = {
-    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "prmt": Prmt, "and_or": AndOr,
-    "and_xor": AndXor, "fma2": Fma2, "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait,
-    "grid_dependency": GridDependency, "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier,
-    "bulk_copy": BulkCopy, "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
+    "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "stmatrix_x1": Stmatrix,
+    "stmatrix_x2": Stmatrix, "prmt": Prmt, "and_or": AndOr, "and_xor": AndXor, "fma2": Fma2,
+    "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
+    "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
+    "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
-PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "prmt", "and_or", "and_xor",
-             "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency", "mbarrier", "bulk_copy",
-             "async_proxy_fence", "setmaxnreg", "named_barrier")
+PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "stmatrix_x1", "stmatrix_x2",
+             "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
+             "mbarrier", "bulk_copy", "async_proxy_fence", "setmaxnreg", "named_barrier")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:
     cls = WRAPPERS[name]
     if name == "ldmatrix":
         return cls(x4=m_tiles >= 2, x2=m_tiles % 2 == 1)
+    if name in ("stmatrix_x1", "stmatrix_x2"):
+        return cls(x1=name == "stmatrix_x1", x2=name == "stmatrix_x2")
     if name == "cp_async_copy":
         return cls(groups=False)
     if name == "cvt_scalar":

@@ -74,7 +74,7 @@ class WeightStageBulk(Component):
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
-    they read. A skeleton component has the fields pdl, split_k, expert_tensors and grouped."""
+    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped and staged_store."""
 
     RING_NEEDS: ClassVar[frozenset[str]] = frozenset({
         "Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init", "fence_barrier_init",
@@ -110,7 +110,10 @@ class RingSkeleton:
 
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         return {"moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
-                "a_origin": a_origin}
+                "a_origin": a_origin, "staged_store": self.staged_store,
+                # store_output's last argument: this consumer warp's staging buffer
+                "staging_arg": (", ring.smem + cfg::kStages * (cfg::kStageBytes + 16) + "
+                                "(kWg * 4 + w) * cfg::kStagingBytes" if self.staged_store else "")}
 
 
 @attrs.frozen
@@ -132,6 +135,9 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     # m blocks of the experts' row windows (grouped: MoeGroupedPersistentSchedule)
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: str = option_field("")  # "grouped_contiguous" or "grouped_masked" ("": indexed or dense)
+    # whole tiles leave through the consumer warps' staging buffers (epilogue.output.StoreOutputStaged), after the
+    # ring's barriers (kStagingBytes each)
+    staged_store: bool = option_field()
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -180,6 +186,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # activation scales) are gathered and scattered through the routing, or m blocks of the experts' row windows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: str = option_field("")
+    staged_store: bool = option_field()  # as WarpSpecializedPipeline.staged_store
 
     @property
     def staged_activation_scales(self) -> bool:

@@ -16,7 +16,7 @@ import math
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
+from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
@@ -46,6 +46,7 @@ PRODUCER_REGISTERS = 40
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
+STAGING_BYTES = 2048  # per consumer warp: the token rows of its epilogue's chunk (StoreOutputStaged)
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
@@ -61,6 +62,7 @@ class SmemPlan:
     group: int    # one group-parameter tensor's rows
     tensors: int
     stages: int
+    staging: int = 0  # the consumer warps' epilogue staging, after the barriers (staging_bytes)
 
     @property
     def stage(self) -> int:
@@ -68,12 +70,30 @@ class SmemPlan:
         return -(-raw // SMEM_ALIGN) * SMEM_ALIGN
 
     @property
-    def total(self) -> int:
-        return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full/empty barriers + alignment slack
+    def total(self) -> int:  # + full/empty barriers + staging + alignment slack
+        return self.stages * self.stage + 16 * self.stages + self.staging + SMEM_ALIGN
 
     def fits(self, target: Target, reserved: int = 0) -> bool:
         """`reserved`: more static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
         return self.total + STATIC_SMEM + reserved <= target.smem_per_block_optin
+
+
+STAGED_MAX_ACC = 128  # accumulator registers per thread up to which the staged store fits beside them
+
+
+def staged_store(layer: LayerConfig, tuning: TuningConfig) -> bool:
+    """Whole tiles of 16-bit outputs leave through the warps' staging buffers (StoreOutputStaged), where the
+    consumers hold at most STAGED_MAX_ACC accumulators (176 tokens x 2 n tiles spill beside the staging); split-K
+    slices store their shares fragment by fragment."""
+    acc = N_TILES_PER_SLICE // consumer_warpgroups(tuning) * tuning.block_m // 2
+    if layer.scheme.activation is not None:
+        acc = tuning.block_m // 2  # one 16-row n tile per warp (compose_a8)
+    return layer.out_dtype in ("bfloat16", "float16") and tuning.split_k == 1 and acc <= STAGED_MAX_ACC
+
+
+def staging_bytes(layer: LayerConfig, tuning: TuningConfig) -> int:
+    """Shared memory of the consumer warps' staging buffers (STAGING_BYTES each), 0 without staged stores."""
+    return tuning.warps_n * STAGING_BYTES if staged_store(layer, tuning) else 0
 
 
 def expert_prefix_bytes(layer: LayerConfig, compute: ComputeConfig) -> int:
@@ -96,7 +116,7 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
     slices = (t.block_n // LAYOUT_BLOCK_N) * (t.block_k // LAYOUT_WARP_K)
     return SmemPlan(a=t.block_m * t.block_k * 2, b=slices * b_slice_bytes(layer),
                     group=group.rows_per_stage * t.block_n * 2 if group else 0,
-                    tensors=len(group.tensors) if group else 0, stages=t.stages)
+                    tensors=len(group.tensors) if group else 0, stages=t.stages, staging=staging_bytes(layer, t))
 
 
 def b_slice_bytes(layer: LayerConfig) -> int:
@@ -221,10 +241,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # indexed MoE: each row to its assignment's row of c (times its router weight), or the gated activation of GEMM1:
     # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
     # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
-    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1,
-                                row_map=gather, topk_weight=compute.topk_weight,
-                                gated=compute.epilogue_activation or "", tile_rows=gather))
+    staged = staged_store(layer, t)
+    epilogue.append((StoreOutputStaged if staged else StoreOutput)(
+        dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
+        atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
+        gated=compute.epilogue_activation or "", tile_rows=gather))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
@@ -233,7 +254,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
-                                       split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped)
+                                       split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
+                                       staged_store=staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -272,6 +294,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
+    constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
     constants += group_offset_constants(group, smem.a + smem.b, smem.group)
     launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,
                               split_k=t.split_k, slots=target.sm_count, experts=layer.num_experts if moe else 1,

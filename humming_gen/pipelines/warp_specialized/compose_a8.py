@@ -31,7 +31,7 @@ import math
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput
+from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8
 from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
@@ -47,8 +47,10 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
                                           split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.standard.moe import expert_tensors, moe_name_suffix, moe_reasons
-from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_GEMMS, expert_prefix_bytes,
-                                                            moe_persistent_schedule, moe_tuning_reasons, ring_reasons)
+from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_GEMMS, STAGING_BYTES,
+                                                            expert_prefix_bytes, moe_persistent_schedule,
+                                                            moe_tuning_reasons, ring_reasons, staged_store,
+                                                            staging_bytes)
 from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATileSw128CpAsync,
                                                                WarpSpecializedA8Pipeline, WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
@@ -73,6 +75,7 @@ class SmemPlanA8:
     exponents: int = 0  # folded group scales: the stage's exponent deltas, after its weights
     weight_scales: int = 0  # promoted group scales staged with the stage: the tile's weight scales, then
     activation_scales: int = 0  # the tokens' activation scales
+    staging: int = 0  # the consumer warps' epilogue staging, after the barriers (compose.staging_bytes)
 
     @property
     def stage(self) -> int:
@@ -81,7 +84,7 @@ class SmemPlanA8:
 
     @property
     def total(self) -> int:
-        return self.stages * self.stage + 16 * self.stages + SMEM_ALIGN  # + full / empty barriers + alignment slack
+        return self.stages * self.stage + 16 * self.stages + self.staging + SMEM_ALIGN  # + barriers, staging, slack
 
     def fits(self, target: Target, reserved: int = 0) -> bool:
         """`reserved`: static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
@@ -129,7 +132,7 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     a_scales = stage_groups(t.block_k, a_group) * t.block_m * 4 if staged_activation_scales(layer) else 0
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
-                      activation_scales=a_scales)
+                      activation_scales=a_scales, staging=staging_bytes(layer, t))
 
 
 def consumer_registers() -> int:
@@ -235,10 +238,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # indexed MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or
     # the gated activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators
     # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
-    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold,
-                                bias=layer.has_bias, atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity,
-                                fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
-                                gated=compute.epilogue_activation or "", tile_rows=gather))
+    staged = staged_store(layer, t)
+    epilogue.append((StoreOutputStaged if staged else StoreOutput)(
+        dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
+        atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
+        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
     # deltas and the row factors in out_scale, per expert like the group scales they replace)
@@ -253,7 +257,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
-                                         expert_tensors=experts, grouped=grouped)
+                                         expert_tensors=experts, grouped=grouped, staged_store=staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -316,6 +320,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
+    constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
     launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count, experts=layer.num_experts if moe else 1,
                               moe_gemm=compute.gemm if moe else "")
