@@ -75,7 +75,8 @@ def test_indexed_source_gathers_codes_and_token_scales_through_the_routing() -> 
     # rows of codes and their per-token scales, both through sorted_ids / top_k
     assert "gather_rows(a_rows, p, tc.m0);" in src
     assert "load_a_stage(a_stage(s), static_cast<const unsigned char*>(p.a), p.lda, a_rows, cfg::kK," in src
-    assert "token_scales[mt][j] = rows[mt][j] < p.m ? a_scale[rows[mt][j] / p.top_k] : 0.0f;" in src
+    assert ("token_scales[mt][j] = rows[mt][j] < p.m ? a_scale[assignment_token(rows[mt][j], p.top_k, top_k_magic)] : "
+            "0.0f;") in src  # rows[mt][j] / top_k
     assert "* token_scales[mt][j]) * weights[mt][j]" in src and "a_scale[m]" not in src
     # the routing (and the codes) are waited for before the schedule reads them, once
     body = src[src.index("(const Params routed)"):]

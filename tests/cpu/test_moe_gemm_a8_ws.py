@@ -87,7 +87,7 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
     assert "const int gk = k0 + chunk * 16;" in src and "valid ? bytes : 0" in src
     # each row's token scale is its activation row's (assignment / top_k), in the epilogue with the router weight
     assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0, ring.smem + " in src
-    assert "token_scales[mc][j] = live ? a_scale[token_of(rows[mc][j])] : 0.0f;" in src  # row / top_k
+    assert "token_scales[mc][j] = live ? a_scale[assignment_token(rows[mc][j], p.top_k, top_k_magic)] : 0.0f;" in src
     # a chunk's rows, then their router weights and token scales, all loaded before its stores
     store = src.split("void store_output(")[1]
     assert (store.index("rows[mc][j] = mt0 + mc < cfg::kWarpMTiles ? sorted_ids[")
@@ -283,7 +283,7 @@ def test_gemms_share_token_tiles_when_one_falls_back_to_16_bit_activations() -> 
 
 
 def _token_of(n: int, top_k: int) -> int:
-    """The staged epilogue's row / top_k (store_output_staged: token_of), in 32-bit unsigned arithmetic."""
+    """The routed epilogue's row / top_k (epilogue/assignment_token), in 32-bit unsigned arithmetic."""
     magic = (0xFFFFFFFF // top_k + 1) & 0xFFFFFFFF
     q = (n * magic) >> 32  # __umulhi
     return n if top_k == 1 else q - (1 if (q * top_k) & 0xFFFFFFFF > n else 0)
@@ -293,9 +293,9 @@ def test_token_of_is_the_exact_quotient() -> None:
     """The routed epilogue finds each assignment row's token (its activation scale's row) by a multiply-high and one
     correction instead of a division: exact for every row below 2^31 and every top_k, as the source computes it."""
     src = _source("w8a8-fp8-channel")
-    assert "top_k_magic = 0xFFFFFFFFu / top_k + 1u;" in src and "q = __umulhi(n, top_k_magic);" in src
+    assert "return 0xFFFFFFFFu / top_k + 1u;" in src and "q = __umulhi(n, magic);" in src
     assert "return top_k == 1u ? n : q - (q * top_k > n ? 1u : 0u);" in src
-    assert "a_scale[token_of(rows[mc][j])]" in src
+    assert "a_scale[assignment_token(rows[mc][j], p.top_k, top_k_magic)]" in src
     rng = random.Random(0)
     for top_k in list(range(1, 65)) + [100, 255, 256, 257, 1000, 4095, 65535, 2**20 + 7]:
         edges = [0, 1, top_k - 1, top_k, top_k + 1, 2**31 - 1, 2**31 - top_k, 2**24, 2**24 + 1]

@@ -103,8 +103,9 @@ class StoreOutput(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
+        token = {"assignment_token", "assignment_token_magic"} if self.row_map and self.token_scale == "token" else set()
         return frozenset({"store_fragment" if self.fragment_store else "store_output"}
-                         | ({"gated_activation"} if self.gated else set()))
+                         | ({"gated_activation"} if self.gated else set()) | token)
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
