@@ -382,12 +382,12 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
                                              int n_base, int m_base, u32 staging) {
   constexpr int kPieces = 2 * cfg::kWarpNTiles;  // 16-byte pieces per staged row
   static_assert(kPieces == 1 || kPieces == 2 || kPieces == 4 || kPieces == 8, "a staged row has 1, 2, 4 or 8 pieces");
-  // m tiles per chunk: fewer beside more accumulators (whose registers the chunk's rows and factors would spill)
-  constexpr int kAccRegs = cfg::kWarpNTiles * cfg::kWarpMTiles * 4;
-  constexpr int kRowChunk = kAccRegs <= 64 ? 8 : 4;
-  constexpr int kChunkTiles = cfg::kWarpMTiles < kRowChunk ? (cfg::kWarpMTiles < 16 / kPieces ? cfg::kWarpMTiles : 16 / kPieces)
-                                                           : (kRowChunk < 16 / kPieces ? kRowChunk : 16 / kPieces);
-  static_assert(kChunkTiles * 8 * kPieces * 16 <= cfg::kStagingBytes, "a chunk's rows fit the warp's staging");
+  // m tiles per chunk: as many as the staging holds, fewer beside more accumulators (whose registers the chunk's
+  // rows and factors would spill), at most the tile's
+  constexpr int kStagedTiles = cfg::kStagingBytes / (8 * kPieces * 16);
+  constexpr int kRowChunk = cfg::kWarpNTiles * cfg::kWarpMTiles * 4 <= 64 ? 8 : 4;
+  constexpr int kChunkLimit = kRowChunk < kStagedTiles ? kRowChunk : kStagedTiles;
+  constexpr int kChunkTiles = cfg::kWarpMTiles < kChunkLimit ? cfg::kWarpMTiles : kChunkLimit;
   constexpr int kPiecesPerLane = (kChunkTiles * 8 * kPieces + 31) / 32;
   constexpr int kCols = cfg::kN;  // columns of c
   const int lane = threadIdx.x % 32;
