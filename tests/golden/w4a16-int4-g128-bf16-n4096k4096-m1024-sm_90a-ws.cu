@@ -375,8 +375,9 @@ __device__ __forceinline__ TileCoord unit_coord(int unit) {
 // Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
 // Staged through shared memory: a warp converts kChunkTiles 8-token m tiles of its accumulators at a time, and
 // stmatrix.trans lays them in its staging buffer as token rows of kPieces 16-byte pieces, each 8 consecutive
-// columns of c; the lanes then store whole pieces, one 16-byte store per 8 values with every 32-byte sector whole
-// (scalar stores where c or ldc is not 16-byte aligned, or a piece runs past the last column). Piece q of staged
+// columns of c; the lanes then store whole pieces, one 16-byte store per 8 values (a warp's pieces of a row are
+// consecutive, so its 32-byte sectors are whole where the row spans two pieces or more and c is 16-byte aligned;
+// scalar stores where c or ldc is not 16-byte aligned, or a piece runs past the last column). Piece q of staged
 // row r lies in slot q ^ (r / (8 / kPieces) % kPieces) of the row, so the 8 rows of a matrix fall in distinct banks.
 __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,
                                              int n_base, int m_base, u32 staging) {
