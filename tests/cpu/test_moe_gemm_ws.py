@@ -53,7 +53,7 @@ def test_ws_gated_epilogue_compiles_and_writes_half_the_columns(activation: str)
     for kernel in build_many(plans):
         assert kernel.compiled.resources["spill_store_bytes"] == 0, kernel.name
     src = hg.kernel.generate(plans[-1], "nvrtc")
-    # stored directly, not staged (measured slower staged for 16-bit activations: compose.staged_store)
+    # stored directly, not staged (a 16-bit routed GEMM1: compose.staged_store)
     assert "out_row[(n_base + nt * 16) / 2 + g] = from_float(gated_activation(gate, up));" in src
     assert "gate = acc[nt][mt][j] + bias_gate[nt], up = acc[nt][mt][2 + j] + bias_up[nt];" in src
     assert "stmatrix" not in src and "kStagingBytes" not in src
@@ -199,3 +199,16 @@ def test_ws_moe_schedule_and_row_gather_on_the_host(block_m: int, tmp_path) -> N
     chunk of the activation tile is copied once, from row sorted_ids[m0 + r] / top_k (zero-filled for padding)."""
     plan = _plans(_layer("int4-g128", n=640, k=200), block_ms=(block_m,))[0]
     check_schedule_and_gather(plan, tmp_path, seed=block_m)
+
+
+def test_routed_gemm1_stores_directly_and_gemm2_through_the_staging() -> None:
+    """16-bit activations: an indexed GEMM without router weights (GEMM1, gated or not) keeps the direct store,
+    measured faster at large M; the down GEMM (router weights) and the grouped GEMMs stage their tiles
+    (compose.staged_store)."""
+    layer = _layer("int4-g128")
+    for compute, staged in ((ComputeConfig(gemm="indexed"), False),
+                            (ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"), False),
+                            (WEIGHTED, True), (ComputeConfig(gemm="grouped_contiguous"), True)):
+        for plan in _plans(layer, compute, block_ms=(64, 128)):
+            src = hg.kernel.generate(plan, "nvrtc")
+            assert ("stmatrix_x" in src) == staged and ("kStagingBytes" in src) == staged, (compute, plan.kernel_name)

@@ -81,23 +81,25 @@ class SmemPlan:
 STAGED_MAX_ACC = 128  # accumulator registers per thread up to which the staged store fits beside them
 
 
-def staged_store(layer: LayerConfig, tuning: TuningConfig, gated: bool = False) -> bool:
+def staged_store(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool = False) -> bool:
     """Whole tiles of 16-bit outputs leave through the warps' staging buffers (StoreOutputStaged), where the
     consumers hold at most STAGED_MAX_ACC accumulators (176 tokens x 2 n tiles spill beside the staging); split-K
-    slices store their shares fragment by fragment. Not the fused gated epilogue of 16-bit activations (MoE GEMM1),
-    measured slower staged (H200, Qwen3-30B-A3B W4A16 indexed gate-up at M = 4096: 507 us against 463 direct, while
-    the down GEMM went 318 -> 277 and 8-bit gated ones 500 -> 485)."""
+    slices store their shares fragment by fragment. Not a routed GEMM1 (indexed, no router weight, with or without
+    the fused activation) of 16-bit activations, measured slower staged at large M (H200, same run, direct -> staged:
+    Qwen3-30B-A3B W4A16 gate-up at M = 4096 463 -> 507 us, DeepSeek-V3 per rank 651 -> 676; at M = 1024 175 -> 168),
+    while their routed down GEMMs (318 -> 277, 721 -> 535), the grouped ones (436 -> 378) and W4A8's gate-up
+    (500 -> 485) gained."""
     acc = N_TILES_PER_SLICE // consumer_warpgroups(tuning) * tuning.block_m // 2
     if layer.scheme.activation is not None:
         acc = tuning.block_m // 2  # one 16-row n tile per warp (compose_a8)
-    elif gated:
+    elif routed_gemm1:
         return False
     return layer.out_dtype in ("bfloat16", "float16") and tuning.split_k == 1 and acc <= STAGED_MAX_ACC
 
 
-def staging_bytes(layer: LayerConfig, tuning: TuningConfig, gated: bool = False) -> int:
+def staging_bytes(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool = False) -> int:
     """Shared memory of the consumer warps' staging buffers (STAGING_BYTES each), 0 without staged stores."""
-    return tuning.warps_n * STAGING_BYTES if staged_store(layer, tuning, gated) else 0
+    return tuning.warps_n * STAGING_BYTES if staged_store(layer, tuning, routed_gemm1) else 0
 
 
 def expert_prefix_bytes(layer: LayerConfig, compute: ComputeConfig) -> int:
@@ -114,14 +116,14 @@ def max_block_m(warpgroups: int) -> int:
     return ACC_REGISTERS * 2 * warpgroups // N_TILES_PER_SLICE
 
 
-def shared_memory(layer: LayerConfig, tuning: TuningConfig, gated: bool = False) -> SmemPlan:
-    """gated: the kernel fuses a gated activation (its staging differs); the heuristics size rings without it."""
+def shared_memory(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool = False) -> SmemPlan:
+    """routed_gemm1: an indexed GEMM without router weights (staged_store); the heuristics size rings without it."""
     t = tuning
     group = group_plan(layer, t.block_k)
     slices = (t.block_n // LAYOUT_BLOCK_N) * (t.block_k // LAYOUT_WARP_K)
     return SmemPlan(a=t.block_m * t.block_k * 2, b=slices * b_slice_bytes(layer),
                     group=group.rows_per_stage * t.block_n * 2 if group else 0,
-                    tensors=len(group.tensors) if group else 0, stages=t.stages, staging=staging_bytes(layer, t, gated))
+                    tensors=len(group.tensors) if group else 0, stages=t.stages, staging=staging_bytes(layer, t, routed_gemm1))
 
 
 def b_slice_bytes(layer: LayerConfig) -> int:
@@ -246,8 +248,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # indexed MoE: each row to its assignment's row of c (times its router weight), or the gated activation of GEMM1:
     # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
     # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
-    gated = bool(compute.epilogue_activation)
-    staged = staged_store(layer, t, gated)
+    routed_gemm1 = compute.gemm == "indexed" and not compute.topk_weight
+    staged = staged_store(layer, t, routed_gemm1)
     epilogue.append((StoreOutputStaged if staged else StoreOutput)(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
@@ -268,7 +270,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if reasons:
         raise compose_error(reasons)
 
-    smem = shared_memory(layer, t, gated)
+    smem = shared_memory(layer, t, routed_gemm1)
     prefix = expert_prefix_bytes(layer, compute)
     if not smem.fits(target, prefix):
         raise compose_error([f"shared memory {smem.total} B (stages={t.stages} x {smem.stage} B) + "
