@@ -142,6 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anchors", default=None, help="directory of the h200_moe*_graph.json anchor files")
     p.add_argument("--out", default=None, help="directory for moe_bench.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: print the plan, tiles and the anchor tables")
+    p.add_argument("--fused-activation", action="store_true",
+                   help="QuantMoE(fused_activation=True): GEMM1 applies the gated activation in its epilogue (the "
+                        "gate-up GEMM cells, which time the GEMM alone, are skipped)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     args = p.parse_args(argv)
@@ -570,6 +573,7 @@ class Bench:
             layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=model.activation,
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
                                                      target=self.target, pipeline=self.args.pipeline,
+                                                     fused_activation=self.args.fused_activation,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")
@@ -577,10 +581,14 @@ class Bench:
                 first = (q13, q2, b13, b2)
         return layers, first
 
+    def gemms(self) -> tuple[str, ...]:
+        """The GEMMs timed alone: a fused layer's w13 runs only with its activation (QuantMoE refuses it alone)."""
+        return ("w2",) if self.args.fused_activation else ("w13", "w2")
+
     def warm_grouped(self, layer, entry: dict) -> None:
         """Compile the grouped kernels the timings will use, in parallel (they compile on first use otherwise)."""
         spec = entry["spec"]
-        keys = {(gemm, -(-m * spec.top_k // spec.experts)) for gemm in ("w13", "w2") for m in entry["ms"][gemm]}
+        keys = {(gemm, -(-m * spec.top_k // spec.experts)) for gemm in self.gemms() for m in entry["ms"][gemm]}
         if not keys:
             return
         t0 = time.perf_counter()
@@ -613,7 +621,7 @@ class Bench:
 
         self.warm_grouped(layers[0], entry)
         per_expert = {"w13": layers[0].w13.nbytes() / spec.experts, "w2": layers[0].w2.nbytes() / spec.experts}
-        for gemm in ("w13", "w2"):
+        for gemm in self.gemms():
             n, k = gemm_shape(spec, gemm)
             for m in entry["ms"][gemm]:
                 b = batches[m]
