@@ -153,8 +153,9 @@ class StoreOutput(Component):
 @attrs.frozen
 class StoreOutputStaged(StoreOutput):
     """StoreOutput through the warp's staging buffer in shared memory: stmatrix.trans lays its fragments out as
-    token rows, then 16-byte stores write them (one store per 8 values, whole sectors, instead of one per value).
-    For the warp-specialized consumers' whole tiles of 16-bit outputs (tile_rows' chunked lookups for MoE)."""
+    token rows, then 16-byte stores write them (one store per 8 values instead of one per value). For the
+    warp-specialized consumers' whole tiles of 16-bit outputs (tile_rows' chunked lookups for MoE;
+    pipelines.warp_specialized.compose.staged_store says which)."""
 
     template: ClassVar[str] = "epilogue/store_output_staged.cuh.j2"
 
