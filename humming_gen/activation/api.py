@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_gen.activation.kernel import PARTIALS, QuantizeConfig, build
+from humming_gen.activation.kernel import PARTIALS, ROW_WARPS_MAX_VECTORS, QuantizeConfig, build
 from humming_gen.schemes.quantize import QuantizedActivation
 from humming_gen.schemes.scheme import ActivationScheme
 from humming_gen.targets import Target
@@ -28,7 +28,7 @@ class _Plan:
     the kernels and the facts their launch needs."""
 
     __slots__ = ("scheme", "target", "kernel", "amax", "bits", "group", "tensor", "group_lanes", "vector",
-                 "scale_torch")
+                 "scale_torch", "config", "_row_warps")
 
     def __init__(self, scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
                  hardware_convert: bool):
@@ -36,7 +36,8 @@ class _Plan:
         dtype_name = _INPUT_DTYPES[dtype]
         wide = row_wide and (scheme.granularity != "group" or scheme.group_size * element_bytes % 16 == 0)
         cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert)
-        self.scheme, self.target, self.kernel = scheme, target, build(cfg)
+        self.scheme, self.target, self.kernel, self.config = scheme, target, build(cfg), cfg
+        self._row_warps = None  # per-token scales of short rows: one warp per row, built on first use
         self.amax = (build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
                      if cfg.needs_amax_pass else None)
         self.bits, self.group, self.tensor = scheme.dtype.bits, scheme.granularity == "group", \
@@ -44,6 +45,18 @@ class _Plan:
         self.group_lanes = cfg.group_lanes if cfg.kind == "quantize_group_lanes" else None
         self.vector = cfg.vector
         self.scale_torch = _SCALE_TORCH.get(scheme.scale_dtype.name, torch.uint8)
+
+    def rows_kernel(self, k: int):
+        """(kernel, rows per CTA) for rows of k elements: per-token scales of rows of at most ROW_WARPS_MAX_VECTORS
+        vectors take a warp each (a CTA per such row left most of its warps idle: 32768 rows of 256 bf16 took 54-72
+        us on the H200), every other row a CTA."""
+        if self.scheme.granularity != "token" or -(-k // self.vector) > ROW_WARPS_MAX_VECTORS:
+            return self.kernel, 1
+        if self._row_warps is None:
+            import attrs
+
+            self._row_warps = build(attrs.evolve(self.config, row_warps=True))
+        return self._row_warps, self._row_warps.config.rows_per_cta
 
     def row_bytes(self, k: int) -> int:
         return k if self.bits == 8 else k // 2
@@ -164,9 +177,12 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
         row_vectors = -(-k // plan.vector)
         row_vectors = values["row_vectors"] = -(-row_vectors // plan.group_lanes) * plan.group_lanes
         grid = -(-m * row_vectors // 256)
+        plan.kernel.launch(grid, values, index)
+    elif plan.group:
+        plan.kernel.launch(-(-m * groups // 256), values, index)
     else:
-        grid = m if not plan.group else -(-m * groups // 256)
-    plan.kernel.launch(grid, values, index)
+        kernel, rows_per_cta = plan.rows_kernel(k)
+        kernel.launch(-(-m // rows_per_cta), values, index)
     row_bytes = plan.row_bytes(k)
     if row_bytes != codes.shape[1]:
         codes = codes[:, :row_bytes]

@@ -3,9 +3,10 @@
 One config gives one kernel. A dynamic per-tensor scale (granularity "tensor", or the NVFP4 global scale) takes two:
 `stage="amax"` writes kPartials per-CTA amaxes, the quantize kernel reduces them (no atomics, no host sync).
 
-Strategies (chosen here, in Python): per token and per tensor, one CTA per row (`quantize_rows`); per group, lanes
-of a warp share a group when the group is a power-of-two number of vectors of at most a warp (`quantize_group_lanes`),
-else one thread per group (`quantize_group_threads`).
+Strategies (chosen here, in Python): per token and per tensor, one CTA per row (`quantize_rows`), or for per-token
+scales of short rows one warp per row (`quantize_row_warps`, `row_warps=True`: a CTA per row of 256 elements left 7
+of its 8 warps idle); per group, lanes of a warp share a group when the group is a power-of-two number of vectors of
+at most a warp (`quantize_group_lanes`), else one thread per group (`quantize_group_threads`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ INPUT_DTYPES = ("bfloat16", "float16", "float32")
 STAGES = ("quantize", "amax")
 THREADS = 256
 PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
+ROW_WARPS_MAX_VECTORS = 256  # per-token rows of at most this many vectors take one warp each (8 vectors per lane)
 VERSION = "0.1.0"
 
 
@@ -65,7 +67,8 @@ class QuantizeConfig:
     wide: 16-byte loads (the caller checked that K, the row stride and the pointer are multiples of 16 bytes);
     otherwise element loads. static: the per-tensor (or NVFP4 global) scale is read from a device pointer.
     hardware_convert: use the target's cvt pair conversion where the element format has one (tests turn it off
-    to run the software rounding on the same device).
+    to run the software rounding on the same device). row_warps: one warp per row, kRowsPerCta rows per CTA
+    (per-token scales only; quantize_activation takes it for rows of at most ROW_WARPS_MAX_VECTORS vectors).
     """
 
     scheme: ActivationScheme
@@ -75,6 +78,7 @@ class QuantizeConfig:
     wide: bool = True
     stage: str = "quantize"
     hardware_convert: bool = True
+    row_warps: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.input_dtype not in INPUT_DTYPES:
@@ -90,6 +94,9 @@ class QuantizeConfig:
                 and self.scheme.group_size % wide_vector):
             problems.append(f"16-byte loads need a group size that is a multiple of {wide_vector} elements (a vector "
                             f"must not span two groups), got {self.scheme.group_size}; use wide=False")
+        if self.row_warps and (self.scheme.granularity != "token" or self.stage != "quantize"):
+            problems.append(f"row_warps (one warp per row) serves per-token scales, got granularity "
+                            f"{self.scheme.granularity!r} stage {self.stage!r}")
         if self.stage == "amax" and not self.needs_amax_pass:
             problems.append("stage 'amax' exists only for a dynamic per-tensor or global scale")
         if problems:
@@ -125,9 +132,15 @@ class QuantizeConfig:
     def kind(self) -> str:
         if self.stage == "amax":
             return "tensor_amax"
+        if self.row_warps:
+            return "quantize_row_warps"
         if self.scheme.granularity != "group":
             return "quantize_rows"
         return "quantize_group_lanes" if self.group_lanes else "quantize_group_threads"
+
+    @property
+    def rows_per_cta(self) -> int:
+        return THREADS // 32 if self.row_warps else 1
 
     @property
     def convert(self) -> str | None:
@@ -145,9 +158,11 @@ class QuantizeConfig:
         return self.scheme.scale_dtype.bits
 
     def to_dict(self) -> dict:
-        return {"scheme": self.scheme.to_dict(), "input_dtype": self.input_dtype, "target": self.target.name,
-                "static": self.static, "wide": self.wide, "stage": self.stage,
-                "hardware_convert": self.hardware_convert}
+        out = {"scheme": self.scheme.to_dict(), "input_dtype": self.input_dtype, "target": self.target.name,
+               "static": self.static, "wide": self.wide, "stage": self.stage, "hardware_convert": self.hardware_convert}
+        if self.row_warps:  # (listed only when set: the other kernels keep their keys)
+            out["row_warps"] = True
+        return out
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
@@ -164,13 +179,16 @@ class QuantizeConfig:
         elif s.granularity == "tensor":
             parts.append("static" if self.static else "dynamic")
         parts += [f"loads={'16B' if self.wide else 'element'}", f"convert={self.convert or 'software'}"]
+        if self.row_warps:
+            parts.append("rows=warp")
         return " ".join(parts)
 
     @property
     def kernel_name(self) -> str:
         s = self.scheme
         gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
-        name = f"act_{self.stage}_{s.dtype.name}_{gran}_{s.scale_dtype.name}_{self.input_dtype}_{self.target.name}"
+        name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}_{s.scale_dtype.name}_" \
+               f"{self.input_dtype}_{self.target.name}"
         return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
 
 
@@ -232,6 +250,8 @@ def constants(cfg: QuantizeConfig) -> list[tuple[str, int, str]]:
             out.append(("kGroupLanes", cfg.group_lanes, "lanes sharing one group"))
     if cfg.needs_amax_pass:
         out.append(("kPartials", PARTIALS, "per-CTA amaxes of the tensor_amax kernel"))
+    if cfg.row_warps:
+        out.append(("kRowsPerCta", cfg.rows_per_cta, "one warp per row"))
     return out
 
 

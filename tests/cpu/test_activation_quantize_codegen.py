@@ -44,6 +44,10 @@ def _configs(target):
                 if cfg.needs_amax_pass and wide:
                     yield f"{name}-amax", QuantizeConfig(s, "float16", target, wide=wide, stage="amax")
     yield "fp8-token-fp32", QuantizeConfig(FP8_TOKEN, "float32", target)
+    for name in ("fp8-token", "int8-token", "int4-token"):  # one warp per row (short rows)
+        for wide in (True, False):
+            yield f"{name}-row-warps-{'wide' if wide else 'element'}", QuantizeConfig(SCHEMES[name], "bfloat16", target,
+                                                                                       wide=wide, row_warps=True)
 
 
 def test_header_holds_the_full_config():
@@ -92,6 +96,7 @@ def test_nvfp4_source_on_sm_90a_and_sm_100a():
     (dict(scheme=A("float8e4m3"), stage="amax"), "stage 'amax' exists only"),
     (dict(scheme=A("float8e4m3"), input_dtype="int8"), "input_dtype"),
     (dict(scheme=A("float8e4m3", granularity="group", group_size=100)), "must not span two groups"),
+    (dict(scheme=A("float8e4m3", granularity="tensor"), row_warps=True), "row_warps .one warp per row. serves per-token"),
 ])
 def test_config_errors_name_the_problem(kwargs, message):
     args = dict(input_dtype="bfloat16", target=get_target("sm_90a"))

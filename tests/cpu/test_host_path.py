@@ -228,3 +228,20 @@ def test_tracing_still_sees_the_ops(layers):
 def test_direct_path_is_off_unless_enabled(monkeypatch):
     monkeypatch.setattr(eager, "ENABLED", False)
     assert not direct_call(torch.randn(2))
+
+
+@pytest.mark.parametrize("scheme, k, m, kernel_tag, grid", [
+    ("w8a8-fp8-channel", 256, 1000, "_token_w_", 125),    # per token, short rows: a warp per row, 8 rows per CTA
+    ("w8a8-fp8-channel", 2048, 9, "_token_w_", 2),        # 256 vectors per row: the last that take a warp
+    ("w8a8-fp8-channel", 2056, 9, "_token_float32", 9),   # longer rows: a CTA per row
+    ("w8a8-int8-channel", 200, 17, "_token_w_", 3),       # element loads (K % 8 != 0), still a warp per row
+    ("w8a8-fp8-tensor", 256, 1000, "_tensor_", 1000),     # per tensor: a CTA per row (and the amax pass)
+])
+def test_per_token_rows_take_a_warp_each_when_short(launches, scheme, k, m, kernel_tag, grid):
+    """quantize_activation's launch: per-token scales of rows of at most ROW_WARPS_MAX_VECTORS vectors go to the
+    one-warp-per-row kernel (grid ceil(m / 8)); other rows keep one CTA each."""
+    x = torch.randn(m, k).bfloat16()
+    hg.quantize_activation(x, hg.scheme(scheme).activation)
+    name, launched_grid, _ = launches[-1]
+    assert name.startswith("act_quantize_") and kernel_tag in name, name
+    assert launched_grid[0] == grid, (name, launched_grid)

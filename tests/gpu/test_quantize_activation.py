@@ -81,6 +81,20 @@ def test_matches_reference(name, m):
     _check(got, x, scheme)
 
 
+@pytest.mark.parametrize("k", [256, 200, 2048, 2056])
+@pytest.mark.parametrize("m", [1, 3, 127, 1000])
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "int8-token", "int4-token"])
+def test_short_rows_match_reference(name, m, k):
+    """Per-token rows of at most 256 vectors (K <= 2048 with 16-byte loads; K = 200 takes element loads) take one
+    warp each; K = 2056 is the first that keeps a CTA per row."""
+    scheme = SCHEMES[name]
+    x = _random(m, k, torch.bfloat16, seed=m * 11 + k).cuda()
+    _poison_allocator(x.device)
+    got = hg.quantize_activation(x, scheme)
+    torch.cuda.synchronize()
+    _check(got, x, scheme)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e4m3-g128", "mxfp8-rceil", "nvfp4", "int8-tensor"])
 def test_other_input_dtypes(name, dtype):
