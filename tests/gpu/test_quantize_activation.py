@@ -83,10 +83,12 @@ def test_matches_reference(name, m):
 
 @pytest.mark.parametrize("k", [256, 200, 2048, 2056])
 @pytest.mark.parametrize("m", [1, 3, 127, 1000])
-@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "int8-token", "int4-token"])
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "int8-token", "int4-token", "fp8e4m3-tensor",
+                                  "nvfp4"])
 def test_short_rows_match_reference(name, m, k):
     """Per-token rows of at most 256 vectors (K <= 2048 with 16-byte loads; K = 200 takes element loads) take one
-    warp each; K = 2056 is the first that keeps a CTA per row."""
+    warp each; K = 2056 is the first that keeps a CTA per row. The amax pass of a dynamic per-tensor or global scale
+    walks rows a warp each whatever K."""
     scheme = SCHEMES[name]
     x = _random(m, k, torch.bfloat16, seed=m * 11 + k).cuda()
     _poison_allocator(x.device)
