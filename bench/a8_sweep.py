@@ -1,6 +1,7 @@
 """Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
-activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192.
-Usage: python a8_sweep.py [preset,...] [M,...]"""
+activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
+those tiles with and without two-CTA clusters sharing weight stages.
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster]"""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
-VARIANTS = [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
-            dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
-            dict(block_m=160, raster="n_major")]  # {}: the heuristics' own
+CLUSTER = dict(raster="n_major", cluster_m=2, b_load="tma_multicast")  # two CTAs along M share weight stages
+VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
+                      dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
+                      dict(block_m=160, raster="n_major")],  # {}: the heuristics' own
+            "cluster": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, **CLUSTER),
+                        dict(block_m=192, raster="n_major"), dict(block_m=192, **CLUSTER)]}[
+    sys.argv[3] if len(sys.argv) > 3 else "tiles"]
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()

@@ -2,8 +2,10 @@
 points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
-persistent grid (more units than SMs); no clusters are launched); 8-bit activations on both pipelines. Prints the max relative error and the pipelines
-that ran, so a sanitizer log also shows them."""
+persistent grid (more units than SMs)); 8-bit activations on both pipelines, and two-CTA clusters sharing weight
+stages. Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them. --clusters-only: the cluster cases alone."""
+
+import sys
 
 import attrs
 import torch
@@ -27,7 +29,7 @@ DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
 
 worst = 0.0
 pipelines = set()
-for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES):
+for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if "--clusters-only" not in sys.argv else []):
     dtype = DTYPES.get(i, torch.bfloat16)
     scheme = hg.scheme(kwargs) if isinstance(kwargs, str) else hg.QuantScheme(**kwargs)
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
@@ -41,11 +43,24 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES):
         worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
 
 # split-K slices that wait for each other across waves of the persistent grid
-qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(1024, 4096, device="cuda") * 0.05)
-tuning = attrs.evolve(hg.QuantLinear.from_quantized(qw).tunings.for_m(600), split_k=8)
-layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
-x = torch.randn(600, 4096, device="cuda").bfloat16()
-ref = reference_gemm(x.double(), qw)
-worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+if "--clusters-only" not in sys.argv:
+    qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(1024, 4096, device="cuda") * 0.05)
+    tuning = attrs.evolve(hg.QuantLinear.from_quantized(qw).tunings.for_m(600), split_k=8)
+    layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
+    x = torch.randn(600, 4096, device="cuda").bfloat16()
+    ref = reference_gemm(x.double(), qw)
+    worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+# two-CTA clusters sharing weight stages (cluster_m=2): an odd count of m tiles (the last pair's second idle), rings
+# refilled across units, folded e8m0 scales and block scales multicast with the weights
+for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 1024), ("w8a8-fp8-block128", 2048, 1024)):
+    qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    base = hg.QuantLinear.from_quantized(qw)
+    tuning = attrs.evolve(base.tunings.for_m(4096), block_m=128, raster="n_major", split_k=1, cluster_m=2,
+                          b_load="tma_multicast")
+    layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
+    x = torch.randn(300, k, device="cuda").bfloat16()
+    ref = reference_gemm(x.double(), qw)
+    worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+    pipelines.add(f"{layer.kernel_for(300).plan.pipeline} cluster {layer.kernel_for(300).plan.launch.cluster}")
 torch.cuda.synchronize()
 print(f"sanitize sample: max relative error {worst:.2e}, pipelines {sorted(pipelines)}")

@@ -16,6 +16,7 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
+from humming_gen.runtime.launch import max_active_clusters
 from humming_gen.targets import Target, get_target
 
 LAUNCH_CACHE_SIZE = 4  # launchers Kernel.launch keeps (oldest dropped first); QuantLinear binds its own
@@ -158,6 +159,21 @@ class Launcher:
         resident = attrs.evolve(launch, slots=min(launch.slots, sms))
         return resident.grid
 
+    def _load(self) -> None:
+        """Load the kernel onto this device; a persistent grid of clusters keeps to the clusters the device holds
+        at once (fewer than SMs / cluster size where a GPC's SMs do not pair up)."""
+        self._fn = self.kernel._function(self.device.index or 0)
+        launch = self.kernel.plan.launch
+        if self._cluster is not None and isinstance(launch, PersistentLaunch):
+            size = self._cluster[0] * self._cluster[1] * self._cluster[2]
+            clusters = max_active_clusters(self._fn, self._block, self._smem, self._cluster)
+            if clusters < 1:
+                raise RuntimeError(f"kernel {self.kernel.name}: {self.device} cannot hold one cluster of {size} CTAs "
+                                   f"with {self._smem} B of shared memory each")
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self._grid = attrs.evolve(launch, slots=min(launch.slots, sms, clusters * size)).grid
+            self._grids.clear()
+
     def _bound_value(self, a: KernelArg) -> int:
         if a.kind == WEIGHT:
             t = getattr(self.weight, a.tensor, None)
@@ -208,7 +224,7 @@ class Launcher:
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
         if self._fn is None:
-            self._fn = self.kernel._function(self.device.index or 0)
+            self._load()
         grid = self._grids.get(m)
         if grid is None:
             if len(self._grids) >= 1024:  # a bound on memory for callers of many distinct M

@@ -165,6 +165,17 @@ def _params_slot(kernel: LoadedKernel, params: Any) -> tuple[bytearray, int]:
     return buf, ctypes.addressof(argv)
 
 
+def max_active_clusters(kernel: LoadedKernel, block: tuple[int, int, int], dynamic_smem: int,
+                        cluster: tuple[int, int, int]) -> int:
+    """How many clusters of `cluster` CTAs the device holds at once (a persistent grid of clusters walks its units
+    in one wave only if every cluster is resident: CTAs of a cluster share a GPC, which may leave SMs idle)."""
+    from humming_gen.runtime.module import driver_call
+
+    size = cluster[0] * cluster[1] * cluster[2]
+    config, _attrs = _make_config(kernel, (size, 1, 1), block, dynamic_smem, cluster, False, 0)
+    return int(driver_call("cuOccupancyMaxActiveClusters", kernel.function, config))
+
+
 def launch(
     kernel: LoadedKernel,
     grid: tuple[int, int, int],

@@ -211,16 +211,19 @@ class PersistentLaunch:
     slots: int  # CTAs that fit the device at once (SMs x CTAs per SM)
     experts: int = 1
     moe_gemm: str = ""  # "indexed": m counts assignments, the units cover the worst-case routing (TiledLaunch)
+    cluster_m: int = 1  # 2: CTA pairs (clusters) take unit pairs, one n tile of two m tiles (an odd last one idle)
 
     @property
-    def cluster(self) -> None:
-        return None
+    def cluster(self) -> tuple[int, int, int] | None:
+        return (self.cluster_m, 1, 1) if self.cluster_m > 1 else None
 
     def units(self, m: int) -> int:
-        return self.n_tiles * m_blocks(m, self.block_m, self.experts, self.moe_gemm) * self.split_k
+        blocks = m_blocks(m, self.block_m, self.experts, self.moe_gemm)
+        blocks = -(-blocks // self.cluster_m) * self.cluster_m
+        return self.n_tiles * blocks * self.split_k
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        return (min(self.units(m), self.slots), 1, 1)
+        return (min(self.units(m), self.slots - self.slots % self.cluster_m), 1, 1)
 
     def scratch(self, m: int) -> dict[str, Scratch]:
         return split_k_scratch(self, m)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import attrs
 import pytest
 
 from humming_gen.codegen.compose import compose
@@ -67,3 +68,55 @@ def test_units_cover_every_tile_and_k_slice_once(plan, tmp_path) -> None:
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
         first = units[: min(count, c["kNTiles"] * split)]  # n-fastest: the first units walk along N
         assert len({u[1] for u in first}) == 1
+
+
+def _cluster_plans():
+    plans = []
+    for n, k, scheme in ((8192, 8192, "w8a8-fp8-channel"), (576, 7168, "w8a8-int8-channel"),
+                         (4000, 3072, "w8a8-fp8-block128")):
+        layer = LayerConfig(n=n, k=k, scheme=scheme)
+        base = choose_tunings(layer, SM90, stored=False).for_m(4096)
+        for block_m in (128, 192):
+            t = attrs.evolve(base, block_m=block_m, raster="n_major", split_k=1, cluster_m=2,
+                             b_load="tma_multicast", stages=5)
+            plans.append(compose(layer, ComputeConfig(), t, SM90))
+    return plans
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("plan", _cluster_plans(), ids=lambda p: p.kernel_name)
+def test_cluster_pairs_share_an_n_tile_and_cover_every_tile_once(plan, tmp_path) -> None:
+    """Two-CTA clusters (cluster_m=2): units 2u and 2u + 1 are m tiles 2i and 2i + 1 of one n tile, which the two
+    CTAs of a cluster (an even grid: CTA b walks b, b + grid, ...) take at the same step; every tile below m is
+    covered once, and only the last pair's second tile may lie past m."""
+    schedule = next(c for c in plan.components if c.family == "schedule")
+    assert schedule.cluster_m == 2 and plan.launch.cluster == (2, 1, 1)
+    body = environment().get_template(schedule.template).render(**schedule.context())
+    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
+    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
+            "  printf(\"%d\\n\", unit_count(m));\n"
+            "  for (int i = 0; i < unit_count(m); ++i) {\n    const TileCoord u = unit_coord(i);\n"
+            "    printf(\"%d %d %d %d\\n\", u.n0, u.m0, u.kt_begin, u.kt_end);\n  }\n  return 0;\n}\n")
+    src = tmp_path / "schedule.cpp"
+    src.write_text(PRELUDE + "#include <cstdlib>\nnamespace cfg {\n" + cfg + "}\n" + body + main)
+    exe = tmp_path / "schedule"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    c = {name: value for name, value, _ in plan.constants}
+    block_m, block_n = c["kBlockM"], c["kBlockN"]
+    for m in (1, 127, 128, 129, 300, 700, 4096):
+        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
+        count = int(lines[0])
+        units = [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+        m_tiles = -(-m // block_m)
+        assert count == c["kNTiles"] * 2 * -(-m_tiles // 2) == plan.launch.units(m)
+        grid = plan.grid(m)[0]
+        assert grid % 2 == 0 and grid <= count
+        for u in range(0, count, 2):  # a pair: one n tile, m tiles 2i and 2i + 1
+            (n0, m0, kb, ke), (n1, m1, _, _) = units[u], units[u + 1]
+            assert n0 == n1 and m0 % (2 * block_m) == 0 and m1 == m0 + block_m and (kb, ke) == (0, c["kKTiles"])
+            assert m0 < m  # only the second tile of a pair may lie past m
+        inside = [(n0, m0) for n0, m0, _, _ in units if m0 < m]
+        assert len(inside) == len(set(inside)) == c["kNTiles"] * m_tiles
+        assert all(n0 % block_n == 0 and n0 < c["kNPad"] for n0, _ in inside)
+        for b in range(0, grid, 2):  # the two CTAs of a cluster walk as many units, pair by pair
+            assert [units[u][0] for u in range(b, count, grid)] == [units[u][0] for u in range(b + 1, count, grid)]

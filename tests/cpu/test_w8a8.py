@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import attrs
 import pytest
 import torch
 
@@ -367,3 +368,50 @@ def test_staged_scale_kernels_compile_without_spills_or_wgmma_serialization(comp
         r = kernel.resources
         assert r.get("spill_store_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0, (kernel.name, r)
         assert not fatal_warnings(kernel.compiled.log), kernel.name
+
+
+def _cluster_tuning(layer: LayerConfig, block_m: int = 128, **kw):
+    base = choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(4096)
+    fields = dict(block_m=block_m, raster="n_major", split_k=1, cluster_m=2, b_load="tma_multicast", stages=6)
+    return attrs.evolve(base, **{**fields, **kw})
+
+
+@pytest.mark.parametrize("scheme,fold", [("w8a8-fp8-channel", False), ("w8a8-int8-channel", False),
+                                         ("w8a8-fp8-block128", False), ("w4a8-mxfp4-fp8", True),
+                                         ("w4a8-int4-g128-int8", False)])
+def test_weight_multicast_clusters_compile_without_spills(scheme: str, fold: bool) -> None:
+    """cluster_m=2: two CTAs along M share each weight stage (half multicast by each, the rest of the stage by the
+    first), release stages on both CTAs' empty barriers (a lane per warp) and meet at a cluster barrier at start and
+    exit; 128-token tiles keep every register."""
+    tgt = get_target("sm_90a")
+    layer = LayerConfig(n=4000, k=3072, scheme=scheme, has_bias=True, fold_scales=fold)
+    plan = compose(layer, ComputeConfig(), _cluster_tuning(layer), tgt)
+    assert plan.kernel_name.endswith("_c2") and plan.launch.cluster == (2, 1, 1)
+    assert plan.grid(1) == (2 * 32, 1, 1)  # 32 n tiles, each a pair of m tiles (the second idle)
+    kernel = build(plan)
+    assert kernel.resources["spill_store_bytes"] == 0 and kernel.resources["spill_load_bytes"] == 0
+    for symbol in ("bulk_copy_multicast", "release_stage(ring, stage)", "cluster_sync();", "peer_empty_bars"):
+        assert symbol in kernel.source, symbol
+    single = build(_plan(scheme, "sm_90a", 4096, has_bias=True, fold_scales=fold))
+    assert "cluster_sync" not in single.source and "multicast(" not in single.source  # none of it without clusters
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(split_k=2), "split_k=1, raster='n_major'"), (dict(raster="m_band"), "split_k=1, raster='n_major'"),
+    (dict(cluster_m=2, cluster_n=2), "allowed: 1x1 or 2x1"), (dict(b_load="tma"), "b_load='tma_multicast'"),
+    (dict(cluster_m=1), "needs cluster_m > 1")])
+def test_weight_multicast_refusals_name_the_field(change: dict, needle: str) -> None:
+    layer = LayerConfig(n=4000, k=3072, scheme="w8a8-fp8-channel")
+    with pytest.raises((ComposeError, ValueError), match=re.escape(needle)):  # TuningConfig checks its own fields
+        compose(layer, ComputeConfig(), _cluster_tuning(layer, **change), get_target("sm_90a"))
+
+
+def test_weight_multicast_is_refused_for_moe_and_16_bit_activations() -> None:
+    tgt = get_target("sm_90a")
+    moe = LayerConfig(n=512, k=7168, scheme="w8a8-fp8-channel", num_experts=8)
+    with pytest.raises(ComposeError, match="clusters serve dense layers"):
+        compose(moe, ComputeConfig(gemm="indexed"), _cluster_tuning(moe), tgt)
+    w4a16 = LayerConfig(n=4000, k=3072, scheme="w4a16-int4-g128")
+    t = attrs.evolve(choose_tunings(w4a16, tgt, stored=False).for_m(4096), cluster_m=2, b_load="tma_multicast")
+    with pytest.raises(ComposeError, match="allowed: 1x1"):
+        compose(w4a16, ComputeConfig(), t, tgt)

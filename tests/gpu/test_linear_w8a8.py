@@ -11,6 +11,7 @@ element within ELEMENT_TOL of the largest reference value. Outputs are poisoned 
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -135,6 +136,35 @@ def test_a8_large_m(scheme: str) -> None:
         assert layer.kernel_for(4096).plan.tuning.block_m in (128, 192)
     for m in (4096, 200):
         _check(layer, qw, None, torch.bfloat16, m, scheme)
+
+
+@pytest.mark.parametrize("scheme,block_m", [("w8a8-fp8-channel", 128), ("w8a8-fp8-channel", 192),
+                                             ("w8a8-int8-channel", 128), ("w8a8-fp8-block128", 128),
+                                             ("w4a8-mxfp4-fp8", 128), ("w4a8-int4-g128-int8", 128)])
+def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
+    """Two-CTA clusters sharing weight stages by multicast (cluster_m=2): pairs of m tiles, an idle second tile
+    where their count is odd (M = 1, 300), more pairs than clusters (N = 8192: rings refilled across units), K not
+    a multiple of the stage (3000), group scales and folded e8m0 scales multicast with the weights."""
+    from humming_gen.config import LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.layer.weights import scales_fold
+    from humming_gen.pipelines.base import TuningPlan
+
+    torch.manual_seed(13)
+    n, k = 8192, 3072 if scheme.endswith("block128") else 3000
+    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    bias = torch.randn(n, device="cuda").bfloat16()
+    target = hg.Target.current()
+    if not target.has("clusters"):
+        pytest.skip(f"{target.name} launches no clusters")
+    layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
+    base = choose_tunings(layer, target, stored=False).for_m(4096)
+    tuning = attrs.evolve(base, block_m=block_m, raster="n_major", split_k=1, cluster_m=2, b_load="tma_multicast",
+                          stages=min(base.stages, 5 if block_m == 192 else 6))
+    linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
+    assert linear.kernel_for(1).plan.launch.cluster == (2, 1, 1)
+    for m in (1, 300, 1000):
+        _check(linear, qw, bias, torch.bfloat16, m, f"{scheme} cluster 2x1 block_m={block_m}")
 
 
 MXFP4_MXFP8 = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",

@@ -61,10 +61,13 @@ class PersistentSchedule(Component):
     provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "unit_count", "unit_coord"})
     split_k: int
     group_m: int = option_field(1)
+    cluster_m: int = option_field(1)  # 2: unit pairs (one n tile, two m tiles) for the two CTAs of a cluster
 
     def __attrs_post_init__(self) -> None:
         if self.group_m > 1 and self.split_k > 1:
             raise ValueError("PersistentSchedule: group_m bands are generated without split-K")
+        if self.cluster_m not in (1, 2) or (self.cluster_m > 1 and (self.split_k > 1 or self.group_m > 1)):
+            raise ValueError(f"PersistentSchedule: cluster_m={self.cluster_m} (1, or 2 without split-K or bands)")
 
 
 @attrs.frozen

@@ -59,22 +59,36 @@ class WeightStageBulk(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/weight_stage_bulk.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"tma"})
-    ptx: ClassVar[tuple[str, ...]] = ("bulk_copy",)
     provides: ClassVar[frozenset[str]] = frozenset({"kLayoutBlocks", "valid_layout_blocks", "weight_stage_bytes",
                                                    "load_weight_stage"})
-    needs: ClassVar[frozenset[str]] = frozenset({"Params", "bulk_copy"})
     group_params: tuple[str, ...]
     exponents: bool = option_field()  # the stage's b_exponent words (components.numeric.exponent_fold)
     weight_scales: bool = option_field()  # the tile's fp32 group scales of the stage's groups (8-bit promotion)
+    # 2: the two CTAs of a cluster (one n tile, two m tiles) share each stage by multicast, half copied by each
+    cluster_m: int = option_field(1)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cluster_m not in (1, 2) or (self.cluster_m > 1 and self.group_params):
+            raise ValueError(f"WeightStageBulk: cluster_m={self.cluster_m} (1 or 2, without group parameter rows)")
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("bulk_copy", "cluster") if self.cluster_m > 1 else ("bulk_copy",)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"Params", "bulk_copy_multicast", "cluster_cta_rank"} if self.cluster_m > 1
+                         else {"Params", "bulk_copy"})
 
     def extra_context(self) -> dict:
-        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "cluster": self.cluster_m > 1}
 
 
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
-    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped and staged_store."""
+    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped, staged_store and
+    cluster_m."""
 
     RING_NEEDS: ClassVar[frozenset[str]] = frozenset({
         "Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init", "fence_barrier_init",
@@ -93,10 +107,12 @@ class RingSkeleton:
     @property
     def ptx(self) -> tuple[str, ...]:
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
-                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ()))
+                + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ())
+                + (("cluster",) if self.cluster_m > 1 else ()))
 
     def ring_provides(self) -> set[str]:
-        return {"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set())
+        return ({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set())
+                | ({"release_stage"} if self.cluster_m > 1 else set()))
 
     def ring_needs(self) -> set[str]:
         """The partials' calls, the epilogue's store (split-K slices or whole tiles) and the MoE units' helpers."""
@@ -106,11 +122,15 @@ class RingSkeleton:
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
         needs |= {"count_expert_blocks"} if self.grouped else set()
+        needs |= {"cluster_sync", "mbarrier_arrive_remote", "peer_shared_address", "cluster_cta_rank"} if self.cluster_m > 1 else set()
         return needs
 
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         return {"moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
-                "a_origin": a_origin, "staged_store": self.staged_store,
+                "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.cluster_m > 1,
+                # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
+                "release_stage": ("release_stage(ring, stage)" if self.cluster_m > 1
+                                  else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
                 # store_output's last argument: this consumer warp's staging buffer
                 "staging_arg": (", ring.smem + cfg::kStages * (cfg::kStageBytes + 16) + "
                                 "(kWg * 4 + w) * cfg::kStagingBytes" if self.staged_store else "")}
@@ -138,6 +158,7 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     # whole tiles leave through the consumer warps' staging buffers (epilogue.output.StoreOutputStaged), after the
     # ring's barriers (kStagingBytes each)
     staged_store: bool = option_field()
+    cluster_m: int = option_field(1)  # generated with 1 only (two-CTA clusters: the 8-bit skeleton)
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -187,6 +208,9 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: str = option_field("")
     staged_store: bool = option_field()  # as WarpSpecializedPipeline.staged_store
+    # 2: two-CTA clusters along M share each weight stage by multicast (WeightStageBulk.cluster_m), and each consumer
+    # warp releases a stage on both CTAs' empty barriers
+    cluster_m: int = option_field(1)
 
     @property
     def staged_activation_scales(self) -> bool:

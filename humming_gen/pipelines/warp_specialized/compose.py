@@ -147,9 +147,11 @@ def layout_reasons(layer: LayerConfig) -> list[str]:
     return reasons
 
 
-def ring_reasons(tuning: TuningConfig) -> list[str]:
+def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False) -> list[str]:
     """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
-    cp.asyncs activations and bulk-copies the rest, one CTA per SM, no clusters, split-K rather than stream-K."""
+    cp.asyncs activations and bulk-copies the rest, one CTA per SM, split-K rather than stream-K; no clusters,
+    except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
+    b_load='tma_multicast')."""
     t = tuning
     reasons = []
     if t.mma != "wgmma":
@@ -157,12 +159,14 @@ def ring_reasons(tuning: TuningConfig) -> list[str]:
     if t.a_load != "cp_async":
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
-    if t.b_load != "tma" or t.scale_load != "tma":
-        reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r}: the producer bulk-copies weights "
-                       f"and group rows ('tma')")
-    if t.cluster_m * t.cluster_n != 1:
-        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: clusters (multicast) are not generated yet for "
-                       f"the warp-specialized pipeline; allowed: 1x1")
+    b_load = "tma_multicast" if t.cluster_m > 1 else "tma"
+    if t.b_load != b_load or t.scale_load != "tma":
+        reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r} with cluster_m={t.cluster_m}: the "
+                       f"producer bulk-copies weights and group rows (b_load={b_load!r}, scale_load='tma')")
+    if (t.cluster_m, t.cluster_n) not in ({(1, 1), (2, 1)} if weight_multicast else {(1, 1)}):
+        allowed = "1x1 or 2x1 (two m tiles sharing weight stages)" if weight_multicast else "1x1"
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: clusters (multicast) are not generated for "
+                       f"this warp-specialized kernel; allowed: {allowed}")
     if t.stream_k:
         reasons.append("tuning.stream_k: the warp-specialized pipeline uses split_k over its persistent grid")
     if t.ctas_per_sm != 1:

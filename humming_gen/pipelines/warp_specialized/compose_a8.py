@@ -171,7 +171,10 @@ def exact_k(layer: LayerConfig) -> bool:
 
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
     t = tuning
-    reasons = ring_reasons(t)
+    reasons = ring_reasons(t, weight_multicast=True)
+    if t.cluster_m > 1 and (t.split_k > 1 or t.raster != "n_major"):
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n} with split_k={t.split_k}, raster={t.raster!r}: "
+                       f"cluster pairs walk whole tiles n-major (split_k=1, raster='n_major')")
     if t.block_n != BLOCK_N:
         reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block")
     if (t.warps_m, t.warps_n, t.warps_k) != (1, 4 * WARPGROUPS, 1):
@@ -207,6 +210,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
+    if moe and t.cluster_m > 1:
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: MoE units of one expert are not paired; "
+                       f"clusters serve dense layers")
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
                                          else BLayoutNibble8(**SHARED_LAYOUT, order=order))
@@ -224,13 +230,15 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
     memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
-                               WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups)]
+                               WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
+                                               cluster_m=t.cluster_m)]
     if staged_activation_scales(layer):
         memory.append(ActivationScalesStage(gather=gather))
     mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
-                                 PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1)]
+                                 PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1,
+                                                    cluster_m=t.cluster_m)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
@@ -249,15 +257,17 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     per_expert = standard_a8.expert_bytes(layer, n_pad)
     experts = expert_tensors(standard_a8.args(layer, False, fold=fold), per_expert) if moe else ()
     pdl = target.has("pdl")
-    suffix = f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
-    name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales
+    suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
+              + (f"_c{t.cluster_m}" if t.cluster_m > 1 else ""))
+    name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales; _c2: two-CTA clusters
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
-                                         expert_tensors=experts, grouped=grouped, staged_store=staged)
+                                         expert_tensors=experts, grouped=grouped, staged_store=staged,
+                                         cluster_m=t.cluster_m)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -323,7 +333,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
     launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count, experts=layer.num_experts if moe else 1,
-                              moe_gemm=compute.gemm if moe else "")
+                              moe_gemm=compute.gemm if moe else "", cluster_m=t.cluster_m)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
                       args=standard_a8.args(layer, t.split_k > 1, compute, fold=fold),
