@@ -24,6 +24,9 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
                                                      # warp-specialized ones from 17 rows per expert on)
+    python bench/moe_bench.py --unfused-activation   # torch's gated activation between the GEMMs (default: the
+                                                     # layer fuses it into GEMM1 where it can, and then has no
+                                                     # gate-up GEMM alone to time: those cells are skipped)
 
 Formats per model by default: W4A16 int4 g128 everywhere, MXFP4 (w4a16-mxfp4) for gpt-oss, and the A8 formats of
 the anchors (w4a8-mxfp4-fp8; w8a8-fp8-block128 for DeepSeek), skipped with the reason where QuantMoE refuses them.
@@ -142,9 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anchors", default=None, help="directory of the h200_moe*_graph.json anchor files")
     p.add_argument("--out", default=None, help="directory for moe_bench.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: print the plan, tiles and the anchor tables")
-    p.add_argument("--fused-activation", action="store_true",
-                   help="QuantMoE(fused_activation=True): GEMM1 applies the gated activation in its epilogue (the "
-                        "gate-up GEMM cells, which time the GEMM alone, are skipped)")
+    p.add_argument("--unfused-activation", action="store_true",
+                   help="QuantMoE(fused_activation=False): GEMM1 writes gate and up rows, torch applies the gated "
+                        "activation (default: the layer's own choice, fused wherever the kernels can; a fused "
+                        "layer refuses the gate-up GEMM alone, so its cells are skipped)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     args = p.parse_args(argv)
@@ -560,6 +564,7 @@ class Bench:
         import humming_gen as hg
 
         scheme = hg.scheme(fmt)
+        fused = False if self.args.unfused_activation else None  # None: the layer's own choice
         layers, first = [], None
         for i in range(self.args.layers):
             torch.manual_seed(1000 * i + 7)
@@ -573,7 +578,7 @@ class Bench:
             layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=model.activation,
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
                                                      target=self.target, pipeline=self.args.pipeline,
-                                                     fused_activation=self.args.fused_activation,
+                                                     fused_activation=fused,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")
@@ -581,14 +586,16 @@ class Bench:
                 first = (q13, q2, b13, b2)
         return layers, first
 
-    def gemms(self) -> tuple[str, ...]:
-        """The GEMMs timed alone: a fused layer's w13 runs only with its activation (QuantMoE refuses it alone)."""
-        return ("w2",) if self.args.fused_activation else ("w13", "w2")
+    @staticmethod
+    def gemms(layer) -> tuple[str, ...]:
+        """The GEMMs of `layer` timed alone: a fused layer's w13 runs only with its activation (QuantMoE refuses it
+        alone)."""
+        return ("w2",) if layer.fused_activation else ("w13", "w2")
 
     def warm_grouped(self, layer, entry: dict) -> None:
         """Compile the grouped kernels the timings will use, in parallel (they compile on first use otherwise)."""
         spec = entry["spec"]
-        keys = {(gemm, -(-m * spec.top_k // spec.experts)) for gemm in self.gemms() for m in entry["ms"][gemm]}
+        keys = {(gemm, -(-m * spec.top_k // spec.experts)) for gemm in self.gemms(layer) for m in entry["ms"][gemm]}
         if not keys:
             return
         t0 = time.perf_counter()
@@ -620,8 +627,11 @@ class Bench:
             return get
 
         self.warm_grouped(layers[0], entry)
+        if layers[0].fused_activation and entry["ms"]["w13"]:
+            self.skip(name, fmt, "gate-up GEMM alone", "the layer applies the gated activation in GEMM1's epilogue "
+                      "(--unfused-activation times that GEMM alone)")
         per_expert = {"w13": layers[0].w13.nbytes() / spec.experts, "w2": layers[0].w2.nbytes() / spec.experts}
-        for gemm in self.gemms():
+        for gemm in self.gemms(layers[0]):
             n, k = gemm_shape(spec, gemm)
             for m in entry["ms"][gemm]:
                 b = batches[m]
@@ -685,7 +695,8 @@ class Bench:
             b = batches[m]
             checked = m == min(entry["ms"]["layer"]) and m * spec.top_k <= 64  # few experts to dequantize
             self.cell(dict(table="layer", model=name, format=fmt, impl=fmt, m=m, e=spec.experts, top_k=spec.top_k,
-                           layers=len(layers), block_m=layers[0].block_m(m, spec.top_k)),
+                           layers=len(layers), block_m=layers[0].block_m(m, spec.top_k),
+                           fused_activation=layers[0].fused_activation),
                       [lambda x, lay=lay, b=b: lay(x, b.weights, b.ids) for lay in layers], b.x,
                       check=(lambda b=b: check_layer(b)) if checked else None, eager=True)
         layers.clear()  # free the weights before the next format

@@ -87,7 +87,7 @@ if not gpu:
     print(f"no GPU here: built the kernels of {len(moe.buckets)} buckets for sm_90a; run this on a GPU to generate")
     raise SystemExit(0)
 
-y = moe(x, topk_weights, topk_ids)  # humming_gen::fused_moe: routing, GEMM1, swiglu, GEMM2, top-k sum
+y = moe(x, topk_weights, topk_ids)  # humming_gen::fused_moe: routing, GEMM1 + swiglu, GEMM2, top-k sum
 error = ((y.double().cpu() - reference).norm() / reference.norm()).item()
 print(f"QuantMoE vs float64 reference: relative error {error:.2e}")
 

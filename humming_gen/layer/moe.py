@@ -1,9 +1,10 @@
 """QuantMoE: a Mixture-of-Experts layer of quantized experts, run as moe_align + two indexed GEMMs.
 
 x (M, H) -> for each token's top-k experts e: act(x @ w13[e]^T + b13[e]) @ w2[e]^T + b2[e], times the router
-weight, summed over the k slots. GEMM1 reads the token rows through the routing and writes one row per assignment;
-the gated activation runs on those rows; GEMM2 reads them through the same routing, multiplies by the router
-weight in its epilogue, and the k rows of a token are summed (in fp32, in slot order: deterministic).
+weight, summed over the k slots. GEMM1 reads the token rows through the routing and writes one row per assignment,
+the gated activation applied in its epilogue where the kernels can (else by torch on its rows); GEMM2 reads them
+through the same routing, multiplies by the router weight in its epilogue, and the k rows of a token are summed
+(in fp32, in slot order: deterministic).
 
 Schemes that quantize activations (W8A8, W4A8): x is quantized once per forward (humming_gen.quantize_activation,
 per token rows) and GEMM1 gathers rows of its codes and their scales; the gated activation's rows are quantized
@@ -83,8 +84,12 @@ class QuantMoE(torch.nn.Module):
     buckets from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
     "standard" or "warp_specialized" puts every bucket, and the grouped GEMMs (grouped_launcher), on one pipeline
     (ValueError where it cannot serve them).
-    fused_activation=True: GEMM1 applies the gated activation in its epilogue (w13 kept with gate and up rows in
-    tile order), so no (M * top_k, 2I) buffer nor separate activation kernels; moe_gemm("w13") is then refused.
+    fused_activation: GEMM1 applies the gated activation in its epilogue (w13 and `bias13` kept with gate and up
+    rows in tile order), which spares the (M * top_k, 2I) buffer and the torch activation kernels (Qwen3-30B-A3B
+    W4A16 on the H200, M = 4096: 928 us instead of 1231); such a layer has no gate/up GEMM alone (moe_gemm,
+    grouped_moe_gemm, launcher_for with "w13" are refused). None (the default) fuses wherever the kernels can
+    (`fused_activation_reasons`: not block-scaled w13, nor swiglu with another alpha / limit), True refuses to
+    build otherwise, False never fuses; `self.fused_activation` says what the layer does.
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
@@ -96,7 +101,7 @@ class QuantMoE(torch.nn.Module):
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool = False,
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
                  weight_only: bool = False, strict: bool = False, pipeline: str | None = None):
         super().__init__()
         from humming_gen.codegen import compose
@@ -151,11 +156,11 @@ class QuantMoE(torch.nn.Module):
                     raise ValueError(f"{name} must have shape ({num_experts}, {n}), got {tuple(bias.shape)}")
                 biases[name] = bias.detach().to(self.device, dtype).contiguous()
         self.bias13, self.bias2 = biases.get("bias13"), biases.get("bias2")
-        self.fused_activation = fused_activation
-        if fused_activation:
-            reasons = fused_activation_reasons(q13, activation, swiglu_alpha, swiglu_limit)
-            if reasons:
-                raise ValueError("fused_activation=True: " + "; ".join(reasons))
+        reasons = fused_activation_reasons(q13, activation, swiglu_alpha, swiglu_limit)
+        if fused_activation and reasons:
+            raise ValueError("fused_activation=True: " + "; ".join(reasons))
+        self.fused_activation = not reasons if fused_activation is None else bool(fused_activation)
+        if self.fused_activation:
             # gate and up of each feature 8 rows apart in every 16-row tile (humming_gen.layer.gate_up)
             order = gate_up_tile_order(self.intermediate, gate_up_layout)
             q13 = permute_rows(q13, order)
@@ -168,7 +173,8 @@ class QuantMoE(torch.nn.Module):
         layers = [LayerConfig(n=q.n, k=q.k, scheme=q.scheme, num_experts=num_experts, has_bias=b is not None,
                               dtype=_DTYPE_NAME[dtype], fold_scales=scales_fold(q))
                   for q, b in ((q13, self.bias13), (q2, self.bias2))]
-        computes = [ComputeConfig(gemm="indexed", epilogue_activation=activation if fused_activation else None),
+        gated = activation if self.fused_activation else None
+        computes = [ComputeConfig(gemm="indexed", epilogue_activation=gated),
                     ComputeConfig(gemm="indexed", topk_weight=True)]
         # each GEMM's input quantization (None: 16-bit activations) and static per-tensor scale
         self.activation_schemes = tuple(q.scheme.activation for q in (q13, q2))
@@ -367,17 +373,22 @@ class QuantMoE(torch.nn.Module):
         qa = quantize_activation(a, scheme, static_scale=self._static_scales[index])
         return qa.codes, qa.scales
 
+    def gemm_index(self, weight: str) -> int:
+        """The index (0: w13, 1: w2) of GEMM `weight` run alone; ValueError for another name, or for w13 when its
+        epilogue applies the gated activation (its rows are in tile order and it writes act(gate, up))."""
+        if weight not in ("w13", "w2"):
+            raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+        if weight == "w13" and self.fused_activation:
+            raise ValueError("this layer's w13 GEMM applies the gated activation in its epilogue (as the default, "
+                             "fused_activation=None, does wherever the kernels can) and holds gate/up rows in tile "
+                             "order: build the layer with fused_activation=False to run the gate/up GEMM alone")
+        return 0 if weight == "w13" else 1
+
     def launcher_for(self, weight: str, rows: int, block_m: int):
         """The bound launcher of GEMM `weight` ("w13" or "w2") whose token tile is `block_m`: the bucket of `rows`
         assignment rows when its tile matches, else the first bucket with that tile (for callers that bring
         their own routing, padded to block_m)."""
-        if weight not in ("w13", "w2"):
-            raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
-        if weight == "w13" and self.fused_activation:
-            raise ValueError("this layer's w13 GEMM applies the gated activation in its epilogue (fused_activation="
-                             "True) and holds gate/up rows in tile order; build the layer with fused_activation=False "
-                             "to run the gate/up GEMM alone")
-        index = 0 if weight == "w13" else 1
+        index = self.gemm_index(weight)
         tiles = self.block_ms
         if block_m not in tiles:
             raise ValueError(f"block_m={block_m}: this layer's kernels tile {sorted(set(tiles))} rows; pad the "
@@ -399,18 +410,13 @@ class QuantMoE(torch.nn.Module):
         from humming_gen.kernel import build_many
         from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 
-        if weight not in ("w13", "w2"):
-            raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+        index = self.gemm_index(weight)
         if gemm not in ("grouped_masked", "grouped_contiguous"):
             raise ValueError(f"gemm={gemm!r}; allowed: 'grouped_masked', 'grouped_contiguous'")
-        if weight == "w13" and self.fused_activation:
-            raise ValueError("this layer's w13 holds gate/up rows in tile order for its fused activation; build it "
-                             "with fused_activation=False to run grouped gate/up GEMMs")
         call = (weight, gemm, rows_per_expert, pipeline)
         launcher = self._grouped_calls.get(call)
         if launcher is not None:
             return launcher
-        index = 0 if weight == "w13" else 1
         layer, compute = self._layer_configs[index], ComputeConfig(gemm=gemm)
         if pipeline is None:  # the layer's own pipeline=, where that pipeline serves grouped GEMMs of this weight
             pipeline = self.pipeline
@@ -447,5 +453,5 @@ class QuantMoE(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
                 f"activation={self.activation}, gate_up_layout={self.gate_up_layout}, dtype={self.dtype}, "
-                f"target={self.target.name}, buckets={self.buckets}"
+                f"target={self.target.name}, buckets={self.buckets}, fused_activation={self.fused_activation}"
                 + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else ""))

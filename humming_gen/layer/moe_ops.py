@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from humming_gen.layer.moe import QuantMoE
 
 LAYOUTS = ("indexed", "grouped_contiguous", "grouped_masked")
-_WEIGHTS = ("w13", "w2")
 
 
 class _Routing(NamedTuple):
@@ -142,7 +141,7 @@ def _moe_gemm_op(a: torch.Tensor, out: torch.Tensor, layer_id: int, weight: str,
     if weight == "w2":
         topk_weights = (torch.ones(out.shape[0], dtype=torch.float32, device=out.device) if topk_weights is None
                         else topk_weights.to(torch.float32).contiguous().reshape(-1))
-    a, a_scale = layer.gemm_input(a, _WEIGHTS.index(weight))  # codes and scales where the scheme quantizes a
+    a, a_scale = layer.gemm_input(a, layer.gemm_index(weight))  # codes and scales where the scheme quantizes a
     launcher.moe(a, out, _Routing(sorted_ids, expert_ids, num_tokens_post_pad), top_k, topk_weights, a_scale=a_scale)
 
 
@@ -165,8 +164,7 @@ def _check_gemm(layer: "QuantMoE", a: torch.Tensor, out: torch.Tensor, weight: s
                 expert_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor, top_k: int, block_m: int,
                 topk_weights: torch.Tensor | None) -> None:
     """Shapes, dtypes and devices only (fake tensors pass): the sizes the kernel's grid reads must exist."""
-    if weight not in _WEIGHTS:
-        raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+    layer.gemm_index(weight)  # a known GEMM the layer runs alone
     n, k = (2 * layer.intermediate, layer.hidden) if weight == "w13" else (layer.hidden, layer.intermediate)
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
@@ -213,9 +211,9 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
     outputs): for every assignment i listed in sorted_ids below num_tokens_post_pad, in a block of expert e,
     out[i] = a[i // top_k] @ W[e]^T (+ bias[e]), times topk_weights[i] for the down GEMM.
 
-    weight: "w13" (gate/up, (E, 2I, H)) or "w2" (down, (E, H, I); it always multiplies by the router weight:
-        topk_weights None means 1). a: (M, K) rows, read through the routing. out: (M * top_k, N), allocated
-        when None; rows of skipped assignments are not written.
+    weight: "w13" (gate/up, (E, 2I, H); a layer built with fused_activation=False) or "w2" (down, (E, H, I); it
+        always multiplies by the router weight: topk_weights None means 1). a: (M, K) rows, read through the
+        routing. out: (M * top_k, N), allocated when None; rows of skipped assignments are not written.
     sorted_ids / expert_ids / num_tokens_post_pad: int32, padded per expert to `block_m`, which must be one of the
         layer's tiles (`layer.block_m(M, top_k)` is the one its own forward uses); sentinel entries hold
         M * top_k; at least M * top_k + min(E, M * top_k) * (block_m - 1) (floored to block_m) entries, as vLLM's
@@ -237,8 +235,7 @@ def moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, sorted_ids: torch.
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-    if weight not in _WEIGHTS:
-        raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+    layer.gemm_index(weight)
     if out is None:
         out = a.new_empty(a.shape[0] * top_k, 2 * layer.intermediate if weight == "w13" else layer.hidden)
     torch.ops.humming_gen.moe_gemm(a, out, layer._op_id, weight, sorted_ids, expert_ids, num_tokens_post_pad,
@@ -259,7 +256,7 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
         never decrease, the last at most R: they stay on the GPU (no host sync), so they are not checked, and
         overlapping windows would have two experts write the same rows (the warp-specialized kernels clamp every
         window to [0, R]; the standard ones take the offsets as given).
-    weight: "w13" (N = 2I) or "w2" (N = H).
+    weight: "w13" (N = 2I; a layer built with fused_activation=False) or "w2" (N = H).
     A layer whose scheme quantizes activations quantizes the rows of `a` first (a dynamic per-tensor scale is
     refused for grouped_masked: its amax would read the rows past the counts).
     pipeline: None (the layer's pipeline=, else warp-specialized on sm_90a from 17 rows per expert), "standard" or
@@ -276,8 +273,7 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
         raise ValueError(f"expected_m={expected_m!r}; allowed: None or an int >= 1 (the rows per expert expected in "
                          f"use, which picks the token tile)")
     _check_layer(layer)
-    if weight not in _WEIGHTS:
-        raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
+    index = layer.gemm_index(weight)
     e = layer.num_experts
     n, k = (2 * layer.intermediate, layer.hidden) if weight == "w13" else (layer.hidden, layer.intermediate)
     for name, t in (("a", a), ("expert_layout", expert_layout)):
@@ -306,7 +302,6 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     elif tuple(out.shape) != shape or out.dtype != layer.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {layer.dtype} tensor of shape {shape}, got {out.dtype} "
                          f"{tuple(out.shape)}")
-    index = _WEIGHTS.index(weight)
     act = layer.activation_schemes[index]
     if layout == "grouped_masked" and act is not None and act.granularity == "tensor" and \
             layer._static_scales[index] is None:

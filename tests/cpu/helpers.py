@@ -138,3 +138,12 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """Frobenius ||a - b|| / ||b|| in float64."""
     a, b = a.to(torch.float64), b.to(torch.float64)
     return float((a - b).norm() / b.norm())
+
+
+def gated_tile_rows(rows: torch.Tensor, activation: str) -> torch.Tensor:
+    """What a fused gated epilogue writes from GEMM1's (R, 2I) rows in tile order (humming_gen.layer.gate_up: in
+    each 16 rows the gate rows of 8 features, then their up rows): (R, I) act(gate, up), features in order."""
+    from humming_gen.reference.moe import gated_activation
+
+    tiles = rows.view(rows.shape[0], -1, 2, 8)
+    return gated_activation(torch.cat([tiles[:, :, 0].flatten(1), tiles[:, :, 1].flatten(1)], dim=1), activation)

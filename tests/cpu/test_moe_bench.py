@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import gated_tile_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "moe_bench.py"
@@ -60,16 +61,21 @@ def test_cat_experts_keeps_one_byte_float_scales():
 
 def emulate_moe_launches(monkeypatch) -> list[str]:
     """Replace the MoE kernels' launches by torch on the dequantized experts (what the GPU tests check the kernels
-    against), so the benchmark's own float64 checks must come out small; returns the gemm type of each launch."""
+    against; a fused GEMM1 applies the gated activation to its rows in tile order), so the benchmark's own float64
+    checks must come out small; returns the gemm type of each launch."""
     import humming_gen as hg
     from humming_gen.kernel import Launcher
+    from humming_gen.layer.gate_up import gate_up_tile_order
 
     experts: dict[int, torch.Tensor] = {}  # id(PreparedWeight) -> dequantized (E, N, K)
     build = hg.QuantMoE.from_quantized.__func__
 
     def from_quantized(cls, q13, q2, **kwargs):
         layer = build(cls, q13, q2, **kwargs)
-        experts[id(layer.w13)], experts[id(layer.w2)] = q13.dequantize(), q2.dequantize()
+        w13 = q13.dequantize()
+        if layer.fused_activation:  # packed in tile order, as the layer's bias13
+            w13 = w13[:, gate_up_tile_order(layer.intermediate, layer.gate_up_layout)]
+        experts[id(layer.w13)], experts[id(layer.w2)] = w13, q2.dequantize()
         return layer
 
     def product(self, a: torch.Tensor, e: int) -> torch.Tensor:
@@ -84,6 +90,8 @@ def emulate_moe_launches(monkeypatch) -> list[str]:
             rows = routing.sorted_ids[block * bm:(block + 1) * bm].long()
             rows = rows[rows < out.shape[0]]
             y = product(self, a[rows // top_k], int(routing.expert_ids[block]))
+            if self.kernel.plan.compute.epilogue_activation:
+                y = gated_tile_rows(y, self.kernel.plan.compute.epilogue_activation)
             out[rows] = (y if topk_weights is None else y * topk_weights[rows, None]).to(out.dtype)
 
     def grouped(self, a, out, expert_layout, a_scale=None):
@@ -100,7 +108,10 @@ def emulate_moe_launches(monkeypatch) -> list[str]:
     return launches
 
 
-def test_timed_paths_on_a_tiny_cpu_layer(monkeypatch, tmp_path):
+@pytest.mark.parametrize("unfused", [False, True], ids=["default", "unfused-activation"])
+def test_timed_paths_on_a_tiny_cpu_layer(unfused, monkeypatch, tmp_path):
+    """By default the layer fuses its swiglu into GEMM1, whose gate-up cells are then skipped (with the reason);
+    --unfused-activation times that GEMM alone too."""
     monkeypatch.setenv("HUMMING_GEN_CACHE_DIR", str(tmp_path / "cache"))
     mb = load_bench()
     import humming_gen.bench.timing as timing
@@ -111,7 +122,8 @@ def test_timed_paths_on_a_tiny_cpu_layer(monkeypatch, tmp_path):
     tiny = mb.Model("tiny gpt-oss", 8, 2, 256, 128, "swiglu_oai", "interleaved", True,
                     {"w13": (1, 16), "w2": (1, 16), "layer": (1, 16)}, ("w4a16-mxfp4",), "none.json")
     monkeypatch.setitem(mb.MODELS, "tiny", tiny)
-    args = mb.parse_args(["--models", "tiny", "--layers", "2", "--humming", "grouped,indexed"])
+    args = mb.parse_args(["--models", "tiny", "--layers", "2", "--humming", "grouped,indexed"]
+                         + ["--unfused-activation"] * unfused)
     entry = mb.plan(args)[0]
     results = mb.new_results(args, [entry])
     bench = mb.Bench(args, results, device="cpu", target="sm_90a")
@@ -125,19 +137,25 @@ def test_timed_paths_on_a_tiny_cpu_layer(monkeypatch, tmp_path):
     errors = [(r["impl"], r.get("gemm"), r["m"], r["error"]) for r in rows if r.get("error")]
     assert not errors, errors
     impls = {(r["impl"], r.get("gemm"), r["m"]) for r in rows}
-    for gemm in ("w13", "w2"):
+    gemms = ("w13", "w2") if unfused else ("w2",)
+    assert {gemm for _, gemm, _ in impls if gemm} == set(gemms)
+    for gemm in gemms:
         for m in (1, 16):
             for impl in ("grouped", "indexed", "align+indexed", "align"):
                 assert (impl, gemm, m) in impls
     assert {"grouped_contiguous", "indexed"} <= set(launches)
     checked = [(r["impl"], r.get("gemm"), r["m"], r["rel_err"]) for r in rows if r.get("rel_err") is not None]
-    assert len(checked) == 4 * 2 + 2 and all(err < 1e-2 for *_, err in checked), checked
+    assert len(checked) == 4 * len(gemms) + 2 and all(err < 1e-2 for *_, err in checked), checked
     layer_rows = [r for r in rows if r["table"] == "layer"]
     assert {(r["impl"], r["m"]) for r in layer_rows} == {(f, m) for f in ("w4a16-mxfp4", "torch-bf16") for m in (1, 16)}
+    assert all(r["fused_activation"] is not unfused for r in layer_rows if r["impl"] == "w4a16-mxfp4")
+    skipped = [s for s in results["skipped"] if s["what"] == "gate-up GEMM alone"]
+    assert len(skipped) == (0 if unfused else 1)
     floor = next(r for r in layer_rows if r["impl"] == "torch-bf16" and r["m"] == 1)
     assert floor["rel_err"] < 1e-2 and "grouped_mm" in floor["method"]  # bf16 torch MoE against float64, for real
     table = mb.format_tables(results)
     assert "| gate-up 256x256 | 16 |" in table and "whole MoE layer" in table
+    assert ("gate-up GEMM alone: the layer applies the gated activation" in table) is not unfused
     if importlib.util.find_spec("humming") is None:
         assert any(s["what"].startswith("Humming") for s in results["skipped"])
 

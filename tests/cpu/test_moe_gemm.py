@@ -193,19 +193,50 @@ def test_quant_moe_fused_activation_keeps_tile_order_and_refuses_what_it_cannot_
     fused = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13,
                                 activation="gelu_mul", gate_up_layout="interleaved", fused_activation=True)
     plain = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", bias13=b13,
-                                activation="gelu_mul", gate_up_layout="interleaved")
+                                activation="gelu_mul", gate_up_layout="interleaved", fused_activation=False)
     order = gate_up_tile_order(128, "interleaved")
     assert torch.equal(fused.bias13, plain.bias13[:, order])
     assert all(g.kernel.plan.compute.epilogue_activation == "gelu_mul" for g, _ in fused._launchers)
     assert all(g.kernel.plan.compute.epilogue_activation is None for g, _ in plain._launchers)
-    with pytest.raises(ValueError, match="fused_activation=True"):
-        fused.launcher_for("w13", 8, fused.block_ms[0])
+    for refused in (lambda: fused.launcher_for("w13", 8, fused.block_ms[0]),
+                    lambda: fused.grouped_launcher("w13", "grouped_contiguous", 8)):
+        with pytest.raises(ValueError, match="build the layer with fused_activation=False"):
+            refused()
+    assert plain.launcher_for("w13", 8, plain.block_ms[0]) is plain._launchers[0][0]
     with pytest.raises(ValueError, match="block scales"):
         QuantMoE.from_float(w13, w2, hg.QuantScheme("float8e4m3", block_size=(128, 128), scale_dtype="float32"),
                             target="sm_90a", device="cpu", fused_activation=True)
     with pytest.raises(ValueError, match="alpha=1.702"):
         QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", activation="swiglu_oai",
                             swiglu_alpha=1.5, fused_activation=True)
+
+
+def test_quant_moe_fuses_the_activation_by_default_wherever_the_kernels_can() -> None:
+    """fused_activation=None (the default) fuses where fused_activation_reasons finds nothing and silently runs the
+    torch activation otherwise; True refuses those layers, False never fuses."""
+    torch.manual_seed(5)
+    w13, w2 = torch.randn(4, 2 * 128, 256) * 0.05, torch.randn(4, 256, 128) * 0.05
+
+    def build(scheme: str, **kwargs) -> QuantMoE:
+        return QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", **kwargs)
+
+    def gated(moe: QuantMoE) -> set:
+        return {g.kernel.plan.compute.epilogue_activation for g, _ in moe._launchers}
+
+    default = build("w4a16-int4-g128")
+    assert default.fused_activation is True and gated(default) == {"silu_mul"}
+    assert "fused_activation=True" in repr(default)
+    unfusable = {"block": ("w8a8-fp8-block128", {}, "block scales"),
+                 "alpha": ("w4a16-int4-g128", {"activation": "swiglu_oai", "swiglu_alpha": 1.5}, "alpha=1.702")}
+    for scheme, kwargs, reason in unfusable.values():
+        moe = build(scheme, **kwargs)
+        assert moe.fused_activation is False and gated(moe) == {None}
+        with pytest.raises(ValueError, match=f"fused_activation=True: .*{reason}"):
+            build(scheme, fused_activation=True, **kwargs)
+    for scheme, kwargs in (("w4a16-int4-g128", {}), ("w4a16-int4-g128", {"activation": "swiglu_oai"}),
+                           ("w8a8-fp8-block128", {})):
+        moe = build(scheme, fused_activation=False, **kwargs)
+        assert moe.fused_activation is False and gated(moe) == {None}
 
 
 def test_quant_moe_refuses_gemms_that_tile_m_differently(monkeypatch) -> None:

@@ -14,6 +14,8 @@ from humming_gen.codegen import ComposeError, compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build, build_many, generate
+from helpers import gated_tile_rows
+from humming_gen.layer.gate_up import gate_up_tile_order
 from humming_gen.layer.moe import QuantMoE, expert_weight, prepare_moe_weight
 from moe_host import expert_stride_mismatches
 from humming_gen.reference.moe import reference_fused_moe
@@ -231,7 +233,8 @@ def test_quant_moe_a8_fused_activation_and_static_scales() -> None:
 class A8StandIn:
     """Stands in for a bound indexed launcher of 8-bit activations: decodes the codes and scales it is given (the
     reference layout of `fake_quantize`) and computes every routed assignment row in float64 from exactly the
-    routing tensors a kernel reads: out[i] = dequant(a)[i // top_k] @ W[e]^T (+ b[e]) (* topk_weights[i])."""
+    routing tensors a kernel reads: out[i] = dequant(a)[i // top_k] @ W[e]^T (+ b[e]) (* topk_weights[i]) (a gated
+    kernel: act(gate, up) of those rows, W's in tile order)."""
 
     def __init__(self, kernel, scheme, w: torch.Tensor, bias: torch.Tensor | None):
         self.kernel, self.scheme, self.w, self.bias = kernel, scheme, w, bias
@@ -246,12 +249,14 @@ class A8StandIn:
         experts = routing.expert_ids[:total // block_m].long().repeat_interleave(block_m)
         keep = ids < out.shape[0]
         ids, experts = ids[keep], experts[keep]
-        rows = torch.zeros(ids.numel(), out.shape[1], dtype=torch.float64)
+        rows = torch.zeros(ids.numel(), self.w.shape[1], dtype=torch.float64)
         for e in range(self.w.shape[0]):
             sel = experts == e
             rows[sel] = x[ids[sel] // top_k] @ self.w[e].T
             if self.bias is not None:
                 rows[sel] += self.bias[e].double()
+        if self.kernel.plan.compute.epilogue_activation:
+            rows = gated_tile_rows(rows, self.kernel.plan.compute.epilogue_activation)
         if topk_weights is not None:
             rows *= topk_weights[ids].double()[:, None]
         out[ids] = rows.to(out.dtype)
@@ -269,19 +274,24 @@ def fake_quantize(x, scheme, static_scale=None):
 LAYER_TOLERANCE = 1e-2
 
 
+@pytest.mark.parametrize("fused", [None, False])
 @pytest.mark.parametrize("scheme", SCHEMES + ("w8a8-fp8-tensor",))
-def test_quant_moe_host_path_quantizes_both_gemm_inputs(scheme: str, monkeypatch) -> None:
-    """QuantMoE.run with stand-in launchers: x quantized once (rows gathered by the routing), GEMM1, the torch
-    activation, the intermediate quantized for GEMM2 (router weights), the top-k sum; -1 ids and a dropped token."""
+def test_quant_moe_host_path_quantizes_both_gemm_inputs(scheme: str, fused: bool | None, monkeypatch) -> None:
+    """QuantMoE.run with stand-in launchers: x quantized once (rows gathered by the routing), GEMM1, the gated
+    activation (GEMM1's epilogue by default, except for block-scaled w13; torch's with fused_activation=False), the
+    intermediate quantized for GEMM2 (router weights), the top-k sum; -1 ids and a dropped token."""
     import humming_gen.activation as activation
 
     monkeypatch.setattr(activation, "quantize_activation", fake_quantize)
     w13, w2 = _weights(2)
-    moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", bias2=torch.randn(E, H) * 0.1)
+    moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", bias2=torch.randn(E, H) * 0.1,
+                              fused_activation=fused)
+    assert moe.fused_activation is (fused is None and scheme != "w8a8-fp8-block128")
     q13, q2 = hg.scheme(scheme).quantize(w13), hg.scheme(scheme).quantize(w2)
     d13, d2 = q13.dequantize(torch.float64), q2.dequantize(torch.float64)
     act = hg.scheme(scheme).activation
-    moe._launchers = [(A8StandIn(g1.kernel, act, d13, moe.bias13), A8StandIn(g2.kernel, act, d2, moe.bias2))
+    k13 = d13[:, gate_up_tile_order(I)] if moe.fused_activation else d13  # as the layer packs it
+    moe._launchers = [(A8StandIn(g1.kernel, act, k13, moe.bias13), A8StandIn(g2.kernel, act, d2, moe.bias2))
                       for g1, g2 in moe._launchers]
     g = torch.Generator().manual_seed(3)
     m, top_k = 37, 2
@@ -292,13 +302,14 @@ def test_quant_moe_host_path_quantizes_both_gemm_inputs(scheme: str, monkeypatch
     ids[5, 1] = -1
     out = moe(x, weights, ids)
     ref = reference_fused_moe(x.double(), d13, d2, weights.double(), ids, bias2=moe.bias2.double(),
-                              activation_scheme=act, intermediate_dtype=torch.bfloat16)
+                              activation_scheme=act, intermediate_dtype=torch.bfloat16,
+                              fused_activation=moe.fused_activation)
     assert torch.equal(out[3], torch.zeros(H, dtype=torch.bfloat16))
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < LAYER_TOLERANCE, err
     # the reference quantizes both GEMM inputs: without that (16-bit activations) it is off by more than the bound
     plain = reference_fused_moe(x.double(), d13, d2, weights.double(), ids, bias2=moe.bias2.double(),
-                                intermediate_dtype=torch.bfloat16)
+                                intermediate_dtype=torch.bfloat16, fused_activation=moe.fused_activation)
     assert ((plain - ref).norm() / ref.norm()).item() > LAYER_TOLERANCE
 
 
@@ -310,7 +321,7 @@ def test_a8_ops_opcheck_and_moe_gemm_quantize_their_input(monkeypatch) -> None:
     monkeypatch.setattr(activation, "quantize_activation", fake_quantize)
     w13, w2 = _weights(4)
     scheme = "w8a8-fp8-block128"
-    moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu")
+    moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", fused_activation=False)
     act = hg.scheme(scheme).activation
     d13 = hg.scheme(scheme).quantize(w13).dequantize(torch.float64)
     d2 = hg.scheme(scheme).quantize(w2).dequantize(torch.float64)

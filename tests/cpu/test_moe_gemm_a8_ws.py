@@ -241,9 +241,11 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     torch.manual_seed(3)
     w13, w2 = torch.randn(8, 2 * 128, 256) * 0.05, torch.randn(8, 256, 128) * 0.05
     b13, b2 = torch.randn(8, 256), torch.randn(8, 256)
-    fused = scheme != "w8a8-fp8-block128"  # block scales cannot follow the gate/up tile order (QuantMoE refuses)
     moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu", bias13=b13, bias2=b2,
-                              activation="swiglu_oai", gate_up_layout="interleaved", fused_activation=fused)
+                              activation="swiglu_oai", gate_up_layout="interleaved")
+    # fused by default, except block scales, which cannot follow the gate/up tile order
+    fused = scheme != "w8a8-fp8-block128"
+    assert moe.fused_activation is fused
     assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
     kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
     assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 2

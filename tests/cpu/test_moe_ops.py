@@ -4,7 +4,8 @@ vLLM arguments and `humming_gen.moe_gemm` on a caller's routing.
 
 The layer is built for sm_90a on the CPU; its launchers are replaced by stand-ins that compute each routed
 assignment row in float64 from exactly the routing tensors a kernel would read (sorted ids below the padded total,
-expert per block, sentinel rows skipped), and moe_align runs its CPU reference.
+expert per block, sentinel rows skipped; GEMM1 of a fused layer applies the gated activation to its rows in tile
+order), and moe_align runs its CPU reference.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 import humming_gen as hg
+from helpers import gated_tile_rows
+from humming_gen.layer.gate_up import gate_up_tile_order
 from humming_gen.reference.moe import reference_fused_moe
 
 E, H, I, TOP_K = 4, 256, 128, 2
@@ -20,7 +23,8 @@ E, H, I, TOP_K = 4, 256, 128, 2
 
 class MoeStandIn:
     """Stands in for a bound indexed launcher: out[i] = a[i // top_k] @ W[e]^T (+ b[e]) (* topk_weights[i]) for
-    each assignment i that sorted_ids lists below num_tokens_post_pad, e the expert of its block."""
+    each assignment i that sorted_ids lists below num_tokens_post_pad, e the expert of its block (a gated kernel:
+    act(gate, up) of those rows, W's in tile order)."""
 
     def __init__(self, kernel, w: torch.Tensor, bias: torch.Tensor | None):
         self.kernel, self.w, self.bias = kernel, w, bias
@@ -38,12 +42,14 @@ class MoeStandIn:
         experts = routing.expert_ids[:total // block_m].long().repeat_interleave(block_m)
         keep = ids < out.shape[0]
         ids, experts = ids[keep], experts[keep]
-        rows = torch.zeros(ids.numel(), out.shape[1], dtype=torch.float64)
+        rows = torch.zeros(ids.numel(), self.w.shape[1], dtype=torch.float64)
         for e in range(self.w.shape[0]):
             sel = experts == e
             rows[sel] = a[ids[sel] // top_k].double() @ self.w[e].T
             if self.bias is not None:
                 rows[sel] += self.bias[e].double()
+        if self.kernel.plan.compute.epilogue_activation:
+            rows = gated_tile_rows(rows, self.kernel.plan.compute.epilogue_activation)
         if weighted:
             rows *= topk_weights[ids].double()[:, None]
         out[ids] = rows.to(out.dtype)
@@ -55,14 +61,24 @@ def make_layer(seed: int = 0, **kwargs) -> tuple[hg.QuantMoE, torch.Tensor, torc
     q13, q2 = scheme.quantize(torch.randn(E, 2 * I, H) * 0.05), scheme.quantize(torch.randn(E, H, I) * 0.05)
     moe = hg.QuantMoE.from_quantized(q13, q2, target="sm_90a", device="cpu", **kwargs)
     w13, w2 = q13.dequantize(torch.float64), q2.dequantize(torch.float64)
-    moe._launchers = [(MoeStandIn(g1.kernel, w13, moe.bias13), MoeStandIn(g2.kernel, w2, moe.bias2))
+    kernel_w13 = w13[:, gate_up_tile_order(I)] if moe.fused_activation else w13  # as the layer packs it
+    moe._launchers = [(MoeStandIn(g1.kernel, kernel_w13, moe.bias13), MoeStandIn(g2.kernel, w2, moe.bias2))
                       for g1, g2 in moe._launchers]
     return moe, w13, w2
 
 
 @pytest.fixture(scope="module")
 def built():
-    return make_layer()
+    """Unfused: the gate/up GEMM runs alone (moe_gemm "w13")."""
+    return make_layer(fused_activation=False)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """The default: GEMM1 applies silu_mul in its epilogue."""
+    moe, w13, w2 = make_layer()
+    assert moe.fused_activation
+    return moe, w13, w2
 
 
 def routing(m: int, top_k: int = TOP_K, seed: int = 1, num_ids: int = E) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,8 +91,9 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def test_forward_goes_through_the_op_and_matches_the_reference(built):
-    moe, w13, w2 = built
+@pytest.mark.parametrize("layer", ["built", "fused"])
+def test_forward_goes_through_the_op_and_matches_the_reference(layer, request):
+    moe, w13, w2 = request.getfixturevalue(layer)
     x = torch.randn(37, H, dtype=torch.bfloat16)
     weights, ids = routing(37)
     ids[3] = -1  # a token with every slot dropped gives a zero row
@@ -88,6 +105,8 @@ def test_forward_goes_through_the_op_and_matches_the_reference(built):
     assert out.shape == (37, H) and out.dtype == torch.bfloat16
     assert torch.equal(out[3], torch.zeros(H, dtype=torch.bfloat16))
     assert rel(out, ref) < 2e-2
+    result = torch.library.opcheck(torch.ops.humming_gen.fused_moe.default, (x, moe._op_id, weights, ids, None))
+    assert set(result.values()) == {"SUCCESS"}, result
 
 
 def test_fakes_give_data_independent_shapes(built):
@@ -245,6 +264,30 @@ def test_moe_gemm_refusals(built):
         hg.moe_gemm(x, moe, "w13", *args, top_k=TOP_K, block_m=bm, topk_weights=torch.ones(8))
     with pytest.raises(ValueError, match=r"a must be \(rows, 128\)"):
         hg.moe_gemm(x, moe, "w2", *args, top_k=TOP_K, block_m=bm)
+
+
+def test_fused_layer_refuses_the_gate_up_gemm_alone(fused):
+    """Its w13 rows are in tile order and its GEMM1 writes act(gate, up): refused even for no rows, and traced."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    moe, _, _ = fused
+    x = torch.randn(4, H, dtype=torch.bfloat16)
+    _, ids = routing(4)
+    bm = moe.block_m(4, TOP_K)
+    r = hg.moe_align(ids, E, bm)
+    args = (r.sorted_ids, r.expert_ids, r.num_tokens_post_pad)
+    for rows in (x, x[:0]):
+        with pytest.raises(ValueError, match="build the layer with fused_activation=False"):
+            hg.moe_gemm(rows, moe, "w13", *args, top_k=TOP_K, block_m=bm)
+    with FakeTensorMode(), pytest.raises(ValueError, match="build the layer with fused_activation=False"):
+        torch.ops.humming_gen.moe_gemm(torch.empty(4, H, dtype=torch.bfloat16),
+                                       torch.empty(4 * TOP_K, 2 * I, dtype=torch.bfloat16), moe._op_id, "w13",
+                                       *(torch.empty(t.shape, dtype=torch.int32) for t in args), TOP_K, bm, None)
+    for layout, layout_rows in (("grouped_masked", torch.zeros(E, dtype=torch.int32)),
+                                ("grouped_contiguous", torch.zeros(E + 1, dtype=torch.int32))):
+        a = x.new_zeros((E, 0, H) if layout == "grouped_masked" else (0, H))
+        with pytest.raises(ValueError, match="build the layer with fused_activation=False"):
+            hg.grouped_moe_gemm(a, moe, "w13", layout_rows, layout=layout)
 
 
 def test_dropped_layer_id_is_refused():

@@ -33,7 +33,7 @@ CASES = [
 ]
 
 
-def _layer(case, seed=0, fused=False):
+def _layer(case, seed=0, fused=None):
     cid, scheme, dtype, e, h, i, top_k, act, layout, biases = case
     torch.manual_seed(seed)
     s = hg.QuantScheme(**SCHEMES[scheme])
@@ -104,7 +104,7 @@ def test_quant_moe_matches_reference(case, fused):
 def test_indexed_gemm_writes_exactly_the_routed_rows(case):
     """GEMM1 alone, into a NaN-poisoned output: every routed assignment row i holds x[i // top_k] @ W_e^T (+ b_e)
     of its expert e; rows of dropped assignments stay untouched."""
-    moe, q13, _, b13, _ = _layer(case, seed=3)
+    moe, q13, _, b13, _ = _layer(case, seed=3, fused=False)  # a fused GEMM1 writes act(gate, up)
     dtype, top_k = case[2], case[6]
     m = 333
     x = torch.randn(m, moe.hidden, device="cuda").to(dtype)
@@ -269,7 +269,7 @@ def test_grouped_moe_gemm_through_the_layer():
     """humming_gen.grouped_moe_gemm on a QuantMoE's own weights: masked (E, max_m, K) with counts for w13, contiguous
     segments for w2, each against the float64 per-expert product (+ bias)."""
     case = CASES[1]
-    moe, q13, q2, b13, b2 = _layer(case, seed=13)
+    moe, q13, q2, b13, b2 = _layer(case, seed=13, fused=False)  # a fused layer has no w13 GEMM alone
     e, dtype = moe.num_experts, case[2]
     max_m = 24
     counts = torch.randint(0, max_m + 1, (e,), device="cuda", dtype=torch.int32)

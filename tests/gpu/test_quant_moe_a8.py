@@ -42,7 +42,7 @@ GEMM_ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
 def build_layer(preset: str, e: int, *, seed: int, pipeline: str | None, dtype=torch.bfloat16, biases: bool = False,
-                fused: bool = False, activation: str = "silu_mul", layout: str = "split", h: int = H, i: int = I):
+                fused: bool | None = None, activation: str = "silu_mul", layout: str = "split", h: int = H, i: int = I):
     """A QuantMoE of E random experts (w13 (E, 2i, h), w2 (E, h, i)) quantized with `preset`, with random biases
     where asked: (moe, q13, q2, b13, b2)."""
     torch.manual_seed(seed)
@@ -56,7 +56,7 @@ def build_layer(preset: str, e: int, *, seed: int, pipeline: str | None, dtype=t
     return moe, q13, q2, b13, b2
 
 
-def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool = False, fused: bool = False,
+def _layer(preset: str, e: int, *, seed: int, dtype=torch.bfloat16, biases: bool = False, fused: bool | None = None,
            activation: str = "silu_mul", layout: str = "split"):
     moe, q13, q2, b13, b2 = build_layer(preset, e, seed=seed, pipeline="standard", dtype=dtype, biases=biases,
                                         fused=fused, activation=activation, layout=layout)
@@ -159,10 +159,11 @@ def _check_rows(out, ref, dtype, what):
 
 
 def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int]:
-    """moe_gemm of both GEMMs of `moe` (biases b13 / b2) on moe_align's routing of each M in `ms` (top-2 over its
-    experts, `routing(m, e, top_k, drop=)`) into poisoned outputs: GEMM1 row i = q(x)[i // top_k] @ w13_e^T + b13_e,
-    GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) * topk_weight[i] (q: the scheme's activation quantization of the whole
-    input, as the layer does); rows of dropped slots stay NaN. Returns the token tiles the batches took."""
+    """moe_gemm of both GEMMs of `moe` (biases b13 / b2; built with fused_activation=False) on moe_align's routing
+    of each M in `ms` (top-2 over its experts, `routing(m, e, top_k, drop=)`) into poisoned outputs: GEMM1 row i =
+    q(x)[i // top_k] @ w13_e^T + b13_e, GEMM2 row i = (q(a)[i] @ w2_e^T + b2_e) * topk_weight[i] (q: the scheme's
+    activation quantization of the whole input, as the layer does); rows of dropped slots stay NaN. Returns the
+    token tiles the batches took."""
     e = moe.num_experts
     act = moe.activation_schemes[0]
     w13, w2 = q13.dequantize().double(), q2.dequantize().double()
@@ -199,7 +200,7 @@ def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
     """check_routed_gemms on the default buckets (the standard pipeline's below 17 rows per expert)."""
-    moe, q13, q2, b13, b2 = _layer(preset, 19, seed=7, biases=True)
+    moe, q13, q2, b13, b2 = _layer(preset, 19, seed=7, biases=True, fused=False)
     check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES, _routing, preset)
 
 
@@ -209,7 +210,7 @@ def test_a8_grouped_moe_gemm(preset: str, layout: str) -> None:
     """grouped_moe_gemm on rows grouped by expert (an empty expert, a full one), poisoned outputs: rows past an
     expert's count (masked) and rows past the segments (contiguous) stay NaN."""
     e = 19
-    moe, q13, q2, b13, b2 = _layer(preset, e, seed=11, biases=True)
+    moe, q13, q2, b13, b2 = _layer(preset, e, seed=11, biases=True, fused=False)  # w13 alone
     act = moe.activation_schemes[0]
     for weight, q, b, k, n in (("w13", q13, b13, H, 2 * I), ("w2", q2, b2, I, H)):
         w = q.dequantize().double()

@@ -41,7 +41,7 @@ def _weight(e: int, n: int, k: int, seed: int, wide: bool) -> torch.Tensor:
 
 
 def _layer(e: int, *, seed: int, plant: str | None, pipeline: str | None = None, dtype=torch.bfloat16,
-           biases: bool = False, fused: bool = False, activation: str = "silu_mul", layout: str = "split"):
+           biases: bool = False, fused: bool | None = None, activation: str = "silu_mul", layout: str = "split"):
     s = hg.scheme(SCHEME)
     q13 = s.quantize(_weight(e, 2 * I, H, seed, plant == "w13").cuda())
     q2 = s.quantize(_weight(e, H, I, seed + 1, plant == "w2").cuda())
@@ -84,7 +84,7 @@ def test_folded_quant_moe_matches_reference(activation: str, layout: str, e: int
 def test_folded_gemms_write_exactly_the_routed_rows(plant: str | None) -> None:
     """check_routed_gemms (test_quant_moe_a8.py) on every bucket forced onto the warp-specialized pipeline, folded
     where the GEMM folds, with ragged routing; M = 300 and 400 give 32 and 43 rows per expert (the 64-token tile)."""
-    moe, q13, q2, b13, b2 = _layer(19, seed=7, plant=plant, pipeline="warp_specialized", biases=True)
+    moe, q13, q2, b13, b2 = _layer(19, seed=7, plant=plant, pipeline="warp_specialized", biases=True, fused=False)
     tiles = check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES + (300, 400), _ragged_routing, f"plant={plant}")
     assert tiles == {8, 16, 64, 128}, tiles
 
@@ -104,7 +104,7 @@ def test_folded_grouped_gemms_match_the_reference(plant: str | None) -> None:
     past it, into NaN-poisoned outputs, against q(a) @ w_e^T + b_e in float64 (q: the scheme's activation
     quantization of the rows); rows past the segments or counts stay NaN."""
     e, max_m = 19, 96
-    moe, q13, q2, b13, b2 = _layer(e, seed=11, plant=plant, biases=True)
+    moe, q13, q2, b13, b2 = _layer(e, seed=11, plant=plant, biases=True, fused=False)  # w13 alone
     act = moe.activation_schemes[0]
     g = torch.Generator().manual_seed(3)
     for weight, q, b, k, n, folds in (("w13", q13, b13, H, 2 * I, plant != "w13"), ("w2", q2, b2, I, H, plant != "w2")):

@@ -17,14 +17,27 @@ E, H, I, TOP_K = 8, 512, 256, 2
 TOLERANCE = 2e-2  # bf16, as tests/gpu/test_quant_moe.py
 
 
-@pytest.fixture(scope="module")
-def built():
+def _build(**kwargs):
     torch.manual_seed(0)
     scheme = hg.QuantScheme("int4", group_size=128)
     q13 = scheme.quantize(torch.randn(E, 2 * I, H, device="cuda") * 0.05)
     q2 = scheme.quantize(torch.randn(E, H, I, device="cuda") * 0.05)
-    moe = hg.QuantMoE.from_quantized(q13, q2, dtype=torch.bfloat16)
+    moe = hg.QuantMoE.from_quantized(q13, q2, dtype=torch.bfloat16, **kwargs)
     return moe, q13.dequantize().double(), q2.dequantize().double()
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The default layer: GEMM1 applies the gated activation in its epilogue."""
+    layer = _build()
+    assert layer[0].fused_activation
+    return layer
+
+
+@pytest.fixture(scope="module")
+def unfused():
+    """fused_activation=False: the gate/up GEMM runs alone (moe_gemm "w13")."""
+    return _build(fused_activation=False)
 
 
 def _routing(m: int, top_k: int = TOP_K, seed: int = 1):
@@ -37,7 +50,7 @@ def _rel(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def test_opcheck_on_the_gpu(built):
+def test_opcheck_on_the_gpu(built, unfused):
     moe, _, _ = built
     x = torch.randn(33, H, device="cuda", dtype=torch.bfloat16)
     weights, ids = _routing(33)
@@ -51,6 +64,7 @@ def test_opcheck_on_the_gpu(built):
     result = torch.library.opcheck(torch.ops.humming_gen.fused_moe_out.default,
                                    (x, out, moe._op_id, weights, ids, None))
     assert set(result.values()) == {"SUCCESS"}, result
+    moe, _, _ = unfused
     bm = moe.block_m(33, TOP_K)
     r = hg.moe_align(ids, E, bm)
     h = torch.zeros(33 * TOP_K, 2 * I, device="cuda", dtype=torch.bfloat16)
@@ -101,27 +115,30 @@ def test_cuda_graph_through_torch_compile_replays_new_routing(built):
     torch._dynamo.reset()
 
 
-def test_no_host_sync(built):
+def test_no_host_sync(built, unfused):
     moe, _, _ = built
+    alone, _, _ = unfused  # moe_gemm "w13"
     m = 64
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     weights, ids = _routing(m)
     bm = moe.block_m(m, TOP_K)
+    assert alone.block_m(m, TOP_K) == bm
     hg.fused_moe(x, moe, weights, ids)
+    hg.fused_moe(x, alone, weights, ids)
     r = hg.moe_align(ids, E, bm)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         hg.fused_moe(x, moe, weights, ids, routed_scaling_factor=2.0)
-        hg.moe_gemm(x, moe, "w13", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=TOP_K, block_m=bm)
+        hg.moe_gemm(x, alone, "w13", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=TOP_K, block_m=bm)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def test_moe_gemm_on_vllm_sized_routing_equals_forward(built):
+def test_moe_gemm_on_vllm_sized_routing_equals_forward(unfused):
     """Both GEMMs on buffers sized as vLLM's moe_align_block_size sizes them, garbage past the padded total, equal
-    the layer's forward bit for bit; rows of skipped assignments stay NaN."""
-    moe, _, _ = built
+    the (unfused) layer's forward bit for bit; rows of skipped assignments stay NaN."""
+    moe, _, _ = unfused
     m = 123
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     weights, ids = _routing(m)

@@ -39,7 +39,7 @@ CASES = [
 MS = (1, 7, 100, 200, 300, 4096)
 
 
-def _layer(case, seed=0, fused=False, pipeline=None, quantized=None):
+def _layer(case, seed=0, fused=None, pipeline=None, quantized=None):
     _, scheme, dtype, e, h, i, top_k, act, layout, biases = case
     torch.manual_seed(seed)
     if quantized is None:
@@ -94,7 +94,7 @@ def test_warp_specialized_gemms_write_exactly_the_routed_rows(case, rows):
     """Both GEMMs of a warp-specialized bucket alone, into NaN-poisoned outputs: routed assignment row i of GEMM1
     holds x[i // top_k] @ W13_e^T (+ b13_e), of GEMM2 weight_i * (a[i] @ W2_e^T (+ b2_e)); rows of dropped
     assignments stay untouched."""
-    moe, q13, q2, b13, b2 = _layer(case, seed=3)
+    moe, q13, q2, b13, b2 = _layer(case, seed=3, fused=False)  # a fused GEMM1 writes act(gate, up)
     dtype, top_k, e = case[2], case[6], case[3]
     m = rows * e // top_k
     bucket = moe.bucket_for(m, top_k)
