@@ -222,29 +222,19 @@ class Cluster(Component):
     requires: ClassVar[frozenset[str]] = frozenset({"clusters", "tma_multicast"})
 
 
-@attrs.frozen
-class Turns(Component):
-    """Named barriers through which two consumer warpgroups take turns issuing their wgmmas."""
-
-    template: ClassVar[str] = "ptx/turns.cuh.j2"
-    family: ClassVar[str] = "ptx"
-    provides: ClassVar[frozenset[str]] = frozenset({"turn_wait", "turn_pass"})
-
-
 WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "stmatrix_x1": Stmatrix,
     "stmatrix_x2": Stmatrix, "prmt": Prmt, "and_or": AndOr, "and_xor": AndXor, "fma2": Fma2,
     "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
     "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
     "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
-    "cluster": Cluster, "turns": Turns,
+    "cluster": Cluster,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "stmatrix_x1", "stmatrix_x2",
              "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier",
-             "turns")
+             "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

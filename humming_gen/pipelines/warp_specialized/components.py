@@ -211,13 +211,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # 2: two-CTA clusters along M share each weight stage by multicast (WeightStageBulk.cluster_m), and each consumer
     # warp releases a stage on both CTAs' empty barriers
     cluster_m: int = option_field(1)
-    # the consumer warpgroups take turns issuing each promotion window's wgmmas (ptx turns), so one's wgmmas run
-    # while the other promotes; without turns both issue, drain and promote at once and the tensor pipe idles
-    turns: bool = option_field()
-
-    @property
-    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return super().ptx + (("turns",) if self.turns else ())
 
     @property
     def staged_activation_scales(self) -> bool:
@@ -239,7 +232,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.block_m}k32"}
-        needs |= {"turn_wait", "turn_pass"} if self.turns else set()
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
@@ -261,6 +253,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 # skeleton's own branch)
                 "params": ("for_expert(p, tc.expert, tc.row_end)" if self.grouped
                            else "for_expert(p, tc.expert)" if self.moe else "p"),
-                "gather": self.gather, "a_scale_row": "row" if self.gather else "m", "turns": self.turns,
+                "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")}

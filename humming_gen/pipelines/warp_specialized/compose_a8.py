@@ -65,7 +65,6 @@ REGISTER_FILE = 65536
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
-TURNS = True  # the consumer warpgroups take turns issuing their wgmmas (WarpSpecializedA8Pipeline.turns)
 
 
 @attrs.frozen
@@ -268,7 +267,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
-                                         cluster_m=t.cluster_m, turns=TURNS)
+                                         cluster_m=t.cluster_m)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
