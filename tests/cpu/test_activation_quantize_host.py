@@ -81,6 +81,7 @@ int main() {
 SCHEMES = {
     "fp8e4m3-token": A("float8e4m3"),
     "fp8e5m2-token": A("float8e5m2"),
+    "fp8e5m2-g128": A("float8e5m2", granularity="group", group_size=128),
     "int8-token": A("int8"),
     "int4-token": A("int4"),
     "fp8e4m3-g32-bf16scale": A("float8e4m3", granularity="group", group_size=32, scale_dtype="bfloat16"),

@@ -1,8 +1,8 @@
-"""Checkpoints whose scheme quantizes activations (FP8 per tensor with a static input scale, DeepSeek FP8 128 x 128
-blocks, compressed-tensors W8A8 int8 and fp8, ModelOpt NVFP4) converted and built into QuantLinear on the CPU for
-sm_90a: the W8A8 ones compose the 8-bit-activation kernels (and keep the checkpoint's static scale); W4A4 (no fp4
-MMA on sm_90a) and fp8 on sm_80 fall back to 16-bit activations, logged, or are refused with strict=True naming
-what is missing."""
+"""Checkpoints whose scheme quantizes activations (FP8 per tensor with a static input scale, ModelOpt FP8, DeepSeek FP8
+128 x 128 blocks, compressed-tensors W8A8 int8 and fp8, ModelOpt NVFP4) converted and built into QuantLinear on the
+CPU for sm_90a: the W8A8 ones compose the 8-bit-activation kernels (and keep the checkpoint's static scale); W4A4
+(no fp4 MMA on sm_90a) and fp8 on sm_80 fall back to 16-bit activations, logged, or are refused with strict=True
+naming what is missing."""
 
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ def _ct(preset: str):
     return convert({f"{PREFIX}.{k}": v for k, v in state.items()}, cfg, PREFIX)
 
 
+def _modelopt_fp8():
+    """ModelOpt FP8 as hf_quant_config.json describes it: e4m3 weight, scalar fp32 weight_scale and a static scalar
+    fp32 input_scale (|x| beyond 4 saturates to 448, as the reference does)."""
+    w = (torch.randn(256, 512) * 0.1).to(torch.float8_e4m3fn)
+    tensors = {"l.weight": w, "l.weight_scale": torch.tensor(0.0123), "l.input_scale": torch.tensor(4.0 / 448)}
+    cfg = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}
+    qw = convert(tensors, cfg, PREFIX)
+    assert qw.scheme.activation == hg.ActivationScheme("float8e4m3", granularity="tensor")  # static per tensor
+    return qw
+
+
 def _modelopt_nvfp4():
     codes = torch.randint(0, 16, (256, 512), dtype=torch.uint8)
     tensors = {"l.weight": codes[:, 0::2] | (codes[:, 1::2] << 4),
@@ -42,7 +53,7 @@ def _modelopt_nvfp4():
     return convert(tensors, {"quant_method": "modelopt", "quant_algo": "NVFP4"}, PREFIX)
 
 
-W8A8 = {"fp8-tensor-static": _fp8_tensor_static, "fp8-block128": _fp8_block_dynamic,
+W8A8 = {"fp8-tensor-static": _fp8_tensor_static, "fp8-block128": _fp8_block_dynamic, "modelopt-fp8": _modelopt_fp8,
         "ct-w8a8-int8": lambda: _ct("W8A8"), "ct-fp8-dynamic": lambda: _ct("FP8_DYNAMIC")}
 
 

@@ -261,12 +261,18 @@ def _plan(scheme, target: str, m: int = 1, n: int = 4000, k: int = 3072, **kw):
     return compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(m), tgt)
 
 
-# (scheme, target, M buckets compiled): int8 activations from sm_80, fp8 from sm_89; every bucket on sm_90a
+# (scheme, target, M buckets compiled): int8 activations from sm_80, fp8 from sm_89; every bucket on sm_90a; each preset
+# on sm_89, sm_90a, sm_100a and sm_120a at least (the NVRTC list)
 COMPILE = [(W4A8_INT_G128, "sm_80", (1, 1000)), (W4A8_INT_G128, "sm_90a", (1, 16, 32, 64, 256, 1000)),
            (W4A8_INT_CHANNEL, "sm_80", (1, 1000)), (W4A8_INT_CHANNEL, "sm_120a", (1, 1000)),
            ("w4a8-int4-g128-fp8", "sm_89", (1, 1000)), ("w4a8-int4-g128-fp8", "sm_90a", (1, 16, 32, 64, 256, 1000)),
            ("w4a8-int4-g128-fp8", "sm_120a", (1, 1000)), ("w4a8-mxfp4-fp8", "sm_89", (1, 1000)),
-           ("w4a8-mxfp4-fp8", "sm_90a", (1, 16, 32, 64, 256, 1000)), ("w4a8-mxfp4-fp8", "sm_120a", (1, 64, 1000))]
+           ("w4a8-mxfp4-fp8", "sm_90a", (1, 16, 32, 64, 256, 1000)), ("w4a8-mxfp4-fp8", "sm_120a", (1, 64, 1000)),
+           # sm_100a (no wgmma: the standard pipeline for every M, split-K at small M)
+           (W4A8_INT_G128, "sm_100a", (1, 1000)), (W4A8_INT_CHANNEL, "sm_100a", (1, 1000)),
+           ("w4a8-int4-g128-fp8", "sm_100a", (1, 1000)), ("w4a8-mxfp4-fp8", "sm_100a", (1, 64, 1000)),
+           (W4A8_INT_G128, "sm_89", (1, 1000)), (W4A8_INT_G128, "sm_120a", (1, 1000)),
+           (W4A8_INT_CHANNEL, "sm_89", (1, 1000)), (W4A8_INT_CHANNEL, "sm_90a", (1, 16, 32, 64, 256, 1000))]
 
 
 @pytest.mark.parametrize("scheme,target,ms", COMPILE, ids=lambda v: v if isinstance(v, str) else None)

@@ -72,12 +72,16 @@ def _plan(scheme: str, target: str, m: int = 1, n: int = 4000, k: int = 3072, **
     return compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(m), tgt)
 
 
-# (scheme, target, M buckets compiled): int8 from sm_80, fp8 from sm_89; every bucket on sm_90a
+# (scheme, target, M buckets compiled): int8 from sm_80, fp8 from sm_89; every bucket on sm_90a; each preset on sm_89,
+# sm_90a, sm_100a and sm_120a at least (the NVRTC list)
 COMPILE = [("w8a8-int8-channel", "sm_80", (1, 1000)), ("w8a8-int8-channel", "sm_90a", (1, 16, 32, 64, 256, 1000)),
            ("w8a8-int8-channel", "sm_120a", (1, 1000)), ("w8a8-fp8-channel", "sm_89", (1, 1000)),
            ("w8a8-fp8-channel", "sm_90a", (1, 16, 32, 64, 256, 1000)), ("w8a8-fp8-channel", "sm_120a", (1, 1000)),
            ("w8a8-fp8-block128", "sm_89", (1, 1000)), ("w8a8-fp8-block128", "sm_90a", (1, 16, 32, 64, 256, 1000)),
-           ("w8a8-fp8-block128", "sm_120a", (1, 1000)), ("w8a8-fp8-tensor", "sm_90a", (1,))]
+           ("w8a8-fp8-block128", "sm_120a", (1, 1000)), ("w8a8-fp8-tensor", "sm_90a", (1,)),
+           # sm_100a (no wgmma: the standard pipeline for every M, split-K at small M)
+           ("w8a8-int8-channel", "sm_100a", (1, 64, 1000)), ("w8a8-fp8-channel", "sm_100a", (1, 64, 1000)),
+           ("w8a8-fp8-block128", "sm_100a", (1, 64, 1000)), ("w8a8-int8-channel", "sm_89", (1, 1000))]
 
 
 @pytest.mark.parametrize("scheme,target,ms", COMPILE, ids=lambda v: v if isinstance(v, str) else None)

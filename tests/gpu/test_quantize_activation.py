@@ -24,6 +24,8 @@ SCHEMES = {
     "int8-g64-bf16scale": A("int8", granularity="group", group_size=64, scale_dtype="bfloat16"),
     "int4-g32": A("int4", granularity="group", group_size=32),
     "fp8e4m3-tensor": A("float8e4m3", granularity="tensor"),
+    "fp8e5m2-g128": A("float8e5m2", granularity="group", group_size=128),
+    "fp8e5m2-tensor": A("float8e5m2", granularity="tensor"),
     "int8-tensor": A("int8", granularity="tensor"),
     "mxfp8-rceil": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0"),
     "mxfp8-floor": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="floor"),
@@ -106,7 +108,7 @@ def test_other_input_dtypes(name, dtype):
     _check(hg.quantize_activation(x, scheme), x, scheme)
 
 
-@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "fp8e4m3-g32", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "fp8e4m3-g32", "fp8e5m2-g128", "nvfp4"])
 def test_software_rounding_on_the_device(name):
     """The software path the targets without a cvt instruction run, on this device."""
     scheme = SCHEMES[name]
@@ -135,7 +137,7 @@ def test_partial_last_group():
     _check(hg.quantize_activation(x, scheme), x, scheme)
 
 
-@pytest.mark.parametrize("name", ["fp8e4m3-tensor", "int8-tensor", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8e4m3-tensor", "fp8e5m2-tensor", "int8-tensor", "nvfp4"])
 def test_static_scale(name):
     scheme = SCHEMES[name]
     x = _random(17, 2048, torch.bfloat16, seed=13).cuda()
