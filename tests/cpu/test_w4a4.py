@@ -325,3 +325,32 @@ def test_presets() -> None:
     for name, gran in ((G128, "group"), (CHANNEL, "channel")):
         s = hg.scheme(name)
         assert s.weight.name == "int4" and s.granularity == gran and s.activation == A("int4", granularity="token")
+
+
+@pytest.mark.parametrize("weight,act", [("channel", "tensor"), ("g64", "g64"), ("g128", "token")])
+def test_gpu_test_layers_build_on_cpu(weight: str, act: str) -> None:
+    """The layers of tests/gpu/test_linear_w4a4.py, built for sm_90a on the CPU (kernels compiled, weights packed),
+    and their float64 reference."""
+    from humming_gen.reference import reference_gemm
+
+    acts = {"token": A("int4"), "g64": A("int4", granularity="group", group_size=64),
+            "tensor": A("int4", granularity="tensor")}
+    scheme = (_scheme(weight_gran="channel", act=acts[act]) if weight == "channel"
+              else _scheme(group=int(weight[1:]), act=acts[act]))
+    torch.manual_seed(5)
+    n, k = 576, 3072
+    qw = scheme.quantize(torch.randn(n, k) * 0.05)
+    lin = hg.QuantLinear.from_quantized(qw, bias=torch.randn(n), target="sm_90a", device="cpu")
+    assert lin.compute_dtype == "int4"
+    x = torch.randn(3, k)
+    ref = reference_gemm(x.double(), qw)
+    qa = scheme.activation.quantize(x)
+    assert qa.codes.max() <= 15 and ref.shape == (3, n) and torch.isfinite(ref).all()
+
+
+def test_quantmoe_falls_back_to_int8_activations() -> None:
+    """MoE GEMMs with int4 activations are not generated: QuantMoE runs int8 per token with the weights unchanged."""
+    torch.manual_seed(6)
+    moe = hg.QuantMoE.from_float(torch.randn(4, 256, 256) * 0.05, torch.randn(4, 256, 128) * 0.05, G128,
+                                 target="sm_90a", device="cpu")
+    assert moe.compute_dtypes == ("int8", "int8")
