@@ -12,8 +12,8 @@ from humming_gen.components.numeric.exponent_fold import (ExponentFold, empty_gr
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
-from humming_gen.schemes.packing import (BLayout8, BLayoutNibble8, pack_codes, pack_codes8, pack_nibbles8, pad_to,
-                                         permute_group_rows)
+from humming_gen.schemes.packing import (BLayout8, BLayoutNibble8, BLayoutS4, pack_codes, pack_codes8, pack_nibbles8,
+                                         pack_s4, pad_to, permute_group_rows)
 
 
 def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
@@ -54,6 +54,8 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
         return _prepare_weight8(lay, qw, codes, device)
     if isinstance(lay.b_layout, BLayoutNibble8):
         return _prepare_weight_nibbles(lay, qw, codes, device)
+    if isinstance(lay.b_layout, BLayoutS4):  # int4 codes as they are (two's complement nibbles), two per byte
+        return _prepare_weight8(lay, qw, codes, device)
     dt = TORCH_DTYPE[layer.dtype]
     b = pack_codes(codes, lay.b_layout).contiguous()
 
@@ -124,6 +126,7 @@ def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torc
             sc = sc * extra[None, :]
         b_scale = pad_to(sc, {1: lay.n_pad}).contiguous()
     b = (pack_codes8(codes, lay.b_layout) if isinstance(lay.b_layout, BLayout8)
+         else pack_s4(codes, lay.b_layout) if isinstance(lay.b_layout, BLayoutS4)
          else pack_nibbles8(codes, lay.b_layout))
     out_scale = _out_scale(lay, qw, scales, extra, device)
     b_exponent = None

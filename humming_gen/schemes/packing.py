@@ -17,6 +17,8 @@ enumerated k-step-major, so one 16-byte load gives a lane the four A registers o
 Weights of at most 4 bits with 8-bit activations (`BLayoutNibble8`) store each code as a nibble and widen it to a
 byte in registers: [n block][k slice][warp n][tile pair][lane][4 words], word 2j + q holding registers 2q (X) and
 2q + 1 (Y) of tile 2 * pair + j, so one 16-byte load per lane gives two tiles (nibble_bit_positions).
+int4 weights with int4 activations (`BLayoutS4`, mma m16n8k64 s4) pack the codes two per byte along k, low nibble
+first, and store those bytes in BLayout8 order: the s4 fragments are the 8-bit fragments of the packed bytes.
 """
 
 from __future__ import annotations
@@ -377,3 +379,62 @@ def unpack_nibbles8(packed: torch.Tensor, layout: BLayoutNibble8, n_pad: int, k_
     n_idx, k_idx = (i.to(packed.device) for i in _nibble_index(layout))
     codes[:, :, :, n_idx, k_idx] = frag
     return codes.permute(0, 2, 3, 1, 4).reshape(n_pad, k_pad).to(torch.uint8)
+
+
+@attrs.frozen
+class BLayoutS4:
+    """The weight geometry of int4 weights x int4 activations (mma.sync m16n8k64 s4): the codes packed two per byte
+    along k (`pair_nibbles`: even k in the low nibble), then those bytes in BLayout8 order, since the k64 s4 A
+    fragment of the codes is, byte for byte, the k32 8-bit A fragment of the packed bytes
+    (components.mma.atoms.MMA_SYNC_M16N8K64_S4). `warp_k` counts packed bytes (two k each); block_n / warps_n as
+    BLayout8."""
+
+    block_n: int
+    warps_n: int
+    warp_k: int
+
+    bits = 4
+    tile_k = 32  # bytes: 64 k of codes
+
+    @property
+    def bytes_layout(self) -> BLayout8:
+        return BLayout8(block_n=self.block_n, warps_n=self.warps_n, warp_k=self.warp_k)
+
+    @property
+    def warp_n(self) -> int:
+        return self.block_n // self.warps_n
+
+    @property
+    def tiles_per_warp(self) -> int:
+        return self.bytes_layout.tiles_per_warp
+
+    def stage_bytes(self, warps_k: int) -> int:
+        return self.bytes_layout.stage_bytes(warps_k)
+
+    def check(self) -> list[str]:
+        return self.bytes_layout.check()
+
+
+def pair_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Nibble codes (N, K) uint8 in 0..15, K even -> bytes (N, K / 2): byte j = codes[2j] | codes[2j + 1] << 4."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pair_nibbles: K must be even, got codes of shape {tuple(codes.shape)}")
+    c = codes.to(torch.uint8) & 0xF
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def split_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pair_nibbles`: bytes (N, K / 2) -> nibble codes (N, K) uint8."""
+    p = packed.to(torch.uint8)
+    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(*p.shape[:-1], 2 * p.shape[-1])
+
+
+def pack_s4(codes: torch.Tensor, layout: BLayoutS4) -> torch.Tensor:
+    """Nibble codes (N_pad, K_pad) uint8 in 0..15 (two's complement int4) -> int32 words in BLayoutS4 order, shape
+    (N_pad/block_n, K_pad/(2 warp_k), warps_n * warp_n * warp_k / 4). Works on any device."""
+    return pack_codes8(pair_nibbles(codes), layout.bytes_layout)
+
+
+def unpack_s4(packed: torch.Tensor, layout: BLayoutS4, n_pad: int, k_pad: int) -> torch.Tensor:
+    """Inverse of `pack_s4` (k_pad counts codes)."""
+    return split_nibbles(unpack_codes8(packed, layout.bytes_layout, n_pad, k_pad // 2))

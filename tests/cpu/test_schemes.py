@@ -452,7 +452,9 @@ def test_every_preset_quantizes(name: str) -> None:
     assert relative_error(q.dequantize(), w) < bound
     if scheme.activation is not None:
         x = random_weight(5, 256, seed=41)
-        assert relative_error(scheme.activation.quantize(x).dequantize(), x) < 0.12
+        # int4 per token: 15 levels over a whole row (heavy-tailed rows: as coarse as the 4-bit weights)
+        a_bound = 0.3 if scheme.activation.dtype.name == "int4" else 0.12
+        assert relative_error(scheme.activation.quantize(x).dequantize(), x) < a_bound
     assert QuantScheme.from_dict(scheme.to_dict()) == scheme
 
 

@@ -29,7 +29,7 @@ class MmaAtom:
     # C expressions of the maps below, in the names the templates use (g = lane / 4, t = lane % 4, half, j)
     c_row_expr: str
     c_col_expr: str
-    a_bits: int = 16   # bits of one A element: 16 (bf16 / fp16 pairs) or 8 (s8 / e4m3 / e5m2 quads)
+    a_bits: int = 16   # bits of one A element: 16 (bf16 / fp16 pairs), 8 (s8 / e4m3 / e5m2 quads) or 4 (s4)
 
     def __repr__(self) -> str:
         return self.name
@@ -66,3 +66,10 @@ WGMMA_M64NNK16_WARP = MmaAtom(name="wgmma.m64nNk16 (one warp's rows)",
 MMA_SYNC_M16N8K32_8BIT = MmaAtom(name="mma.sync.m16n8k32 (8-bit)", instruction="mma.sync.aligned.m16n8k32.row.col",
                                  m=16, n=8, k=32, a_registers=4, c_registers=4, c_row_expr="g + 8 * half",
                                  c_col_expr="2 * t + j", a_bits=8)
+# mma.sync m16n8k64 with int4 operands (s4 x s4 -> s32; sm_80+ where the target has mma_int4): register r of lane
+# (g, t) holds the eight k-consecutive nibbles 8t..8t+7 (+32 for r = 2, 3) of row g (+8 for odd r), element 0 in the
+# least significant nibble. So byte b of a register holds k = 2 * (4t + b) + {0, 1}: int4 codes packed two per byte
+# along k (low nibble first) are, byte for byte, the m16n8k32 8-bit fragments of the packed bytes (B likewise).
+MMA_SYNC_M16N8K64_S4 = MmaAtom(name="mma.sync.m16n8k64 (s4)", instruction="mma.sync.aligned.m16n8k64.row.col",
+                               m=16, n=8, k=64, a_registers=4, c_registers=4, c_row_expr="g + 8 * half",
+                               c_col_expr="2 * t + j", a_bits=4)

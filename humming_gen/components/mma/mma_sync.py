@@ -1,4 +1,5 @@
-"""mma.sync back end (SM80+): m16n8k16 with 16-bit inputs and fp32 accumulators."""
+"""mma.sync back end (SM80+): m16n8k16 with 16-bit inputs and fp32 accumulators; m16n8k32 with 8-bit inputs;
+m16n8k64 with int4 inputs (s4)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,15 @@ class MmaSyncM16N8K32(Component):
         acc, reg = ("s32", "r") if self.integer else ("f32", "f")
         return {"a_ptx": PTX_8BIT_TYPE[self.weight], "b_ptx": PTX_8BIT_TYPE[self.activation], "acc_ptx": acc,
                 "acc_ctype": "int" if self.integer else "float", "acc_reg": reg}
+
+
+@attrs.frozen
+class MmaSyncM16N8K64S4(Component):
+    """int4 weights as the A operand (16 n x 64 k), int4 activations as B (64 k x 8 m), s32 accumulators
+    (components.mma.atoms.MMA_SYNC_M16N8K64_S4). Operands are codes packed two per byte along k, low nibble first:
+    the registers of the m16n8k32 8-bit fragments of the packed bytes."""
+
+    template: ClassVar[str] = "mma/mma_sync_m16n8k64.cuh.j2"
+    family: ClassVar[str] = "mma"
+    provides: ClassVar[frozenset[str]] = frozenset({"mma_m16n8k64"})
+    requires: ClassVar[frozenset[str]] = frozenset({"mma_int4"})

@@ -12,6 +12,13 @@ MoE (the gemm types of pipelines.standard.moe, as for 16-bit activations): per-e
 rebased per block; indexed kernels gather rows of the codes through the routing and read each token column's
 activation scales (per token or per group) of the row its assignment reads, sorted_ids[m] / top_k; grouped kernels
 read row windows of codes and scales; router-weight multiply and the fused gated epilogue as for 16-bit.
+
+int4 weights x int4 activations (targets with mma_int4: sm_80 ... sm_120a) run on mma.sync m16n8k64 s4 in the same
+skeleton: both operands are int4 codes packed two per byte along K (low nibble first; quantize_activation writes
+them so), and the k64 s4 fragments of the codes are, byte for byte, the k32 8-bit fragments of the packed bytes
+(components.mma.atoms.MMA_SYNC_M16N8K64_S4). So the kernel is the int8 x int8 kernel of the layer's byte view
+(`byte_layer`: K / 2, group sizes / 2), with one k64 mma per k32 byte step; group sizes must be multiples of 64.
+The weights are BLayoutS4 (BLayout8 of the packed bytes). Dense GEMMs only (MoE falls back to int8 activations).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.memory.shared_reads import BTilePairShared4, BTileShared8, GroupScalesGlobal
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT
-from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32
+from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32, MmaSyncM16N8K64S4
 from humming_gen.components.numeric.nibble8 import INT8_CODE_SCALE, NibbleToE4m3, NibbleToInt8, nibble_reasons
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSchedule
@@ -37,10 +44,34 @@ from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scal
 from humming_gen.pipelines.standard.loaders import ATile8CpAsync, BTileCpAsync
 from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_schedule
 from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
-from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
+from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutS4
 from humming_gen.targets import Target
 
 MMA = "m16n8k32"  # TuningConfig.mma of these kernels
+MMA_S4 = "m16n8k64"  # ... and of those with int4 activations
+
+
+def s4_native(layer: LayerConfig) -> bool:
+    """int4 activations: the kernels multiply int4 x int4 on mma.sync m16n8k64 s4 (scheme_reasons says which
+    weights), both operands packed two codes a byte."""
+    a = layer.scheme.activation
+    return a is not None and a.dtype.name == "int4"
+
+
+def mma_of(layer: LayerConfig) -> str:
+    """TuningConfig.mma of this layer's kernels."""
+    return MMA_S4 if s4_native(layer) else MMA
+
+
+def byte_layer(layer: LayerConfig) -> LayerConfig:
+    """The int8 x int8 layer an int4 x int4 kernel is tiled as: its operands' packed bytes (K / 2 columns, group
+    and block k sides / 2). Only for layers scheme_reasons passes (K even, groups multiples of 64)."""
+    s, a = layer.scheme, layer.scheme.activation
+    scheme = attrs.evolve(
+        s, weight="int8", group_size=s.group_size // 2 if s.granularity == "group" else s.group_size,
+        block_size=(s.block_size[0], s.block_size[1] // 2) if s.granularity == "block" else s.block_size,
+        activation=attrs.evolve(a, dtype="int8", group_size=a.group_size // 2 if a.granularity == "group" else None))
+    return attrs.evolve(layer, k=layer.k // 2, scheme=scheme)
 
 
 def weight_group_k(layer: LayerConfig) -> int | None:
@@ -57,13 +88,15 @@ def activation_group_k(layer: LayerConfig) -> int | None:
 def nibble_order(layer: LayerConfig) -> str | None:
     """How weights of at most 4 bits become 8-bit operands ("int8" / "e4m3", BLayoutNibble8.order); None for
     8-bit weights, which the mma reads as stored."""
-    if layer.scheme.weight.bits > 4:
+    if layer.scheme.weight.bits > 4 or s4_native(layer):
         return None
     return "e4m3" if layer.scheme.activation.dtype.is_float else "int8"
 
 
 def weight_operand(layer: LayerConfig) -> str:
     """The 8-bit format the mma reads the weights as."""
+    if s4_native(layer):
+        return "int4"
     order = nibble_order(layer)
     return {None: layer.scheme.weight.name, "int8": "int8", "e4m3": "float8e4m3"}[order]
 
@@ -82,15 +115,17 @@ def scheme_reasons(layer: LayerConfig) -> list[str]:
     """What this path cannot serve of a scheme with quantized activations, whatever the tuning and target."""
     s, a = layer.scheme, layer.scheme.activation
     reasons = []
-    if a.dtype.name not in PTX_8BIT_TYPE:
+    if a.dtype.name == "int4":
+        reasons += s4_reasons(layer)
+    elif a.dtype.name not in PTX_8BIT_TYPE:
         reasons.append(f"activation format {a.dtype.name}: kernels with quantized activations are generated for "
-                       f"8-bit activations ({', '.join(PTX_8BIT_TYPE)}) so far")
-    if s.weight.bits < 8 and a.dtype.name in PTX_8BIT_TYPE:
+                       f"8-bit activations ({', '.join(PTX_8BIT_TYPE)}) and int4 activations with int4 weights so far")
+    elif s.weight.bits < 8:
         reasons += nibble_reasons(s.weight, a.dtype)
     elif s.weight.name not in PTX_8BIT_TYPE:
         reasons.append(f"weight format {s.weight.name} with quantized activations: 8-bit weights "
                        f"({', '.join(PTX_8BIT_TYPE)}) or weights of at most 4 bits are generated")
-    elif a.dtype.name in PTX_8BIT_TYPE and s.weight.is_float != a.dtype.is_float:
+    elif s.weight.is_float != a.dtype.is_float:
         reasons.append(f"weight format {s.weight.name} x activation format {a.dtype.name}: the 8-bit mma multiplies "
                        f"two integer or two fp8 operands")
     if s.zero_point is not None:
@@ -110,11 +145,28 @@ def scheme_reasons(layer: LayerConfig) -> list[str]:
     return reasons
 
 
+def s4_reasons(layer: LayerConfig) -> list[str]:
+    """What the int4 x int4 kernels (mma.sync m16n8k64 s4) cannot serve of a scheme with int4 activations."""
+    s = layer.scheme
+    reasons = []
+    if s.weight.name != "int4":
+        reasons.append(f"weight format {s.weight.name} with int4 activations: the m16n8k64 s4 kernels multiply "
+                       f"int4 weights (symmetric, two's complement); use int4 weights or 8-bit activations")
+    if layer.k % 2:
+        reasons.append(f"K = {layer.k} with int4 activations: codes are packed two per byte along K, so K must be even")
+    for what, g in (("weight", weight_group_k(layer)), ("activation", activation_group_k(layer))):
+        if g is not None and g % 64:
+            reasons.append(f"{what} scale groups of {g} along K with int4 activations: s32 partial sums of m16n8k64 "
+                           f"steps are promoted with their group's scale, so the group must be a multiple of 64")
+    return reasons
+
+
 def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
     t = tuning
     reasons = []
-    if t.mma != MMA:
-        reasons.append(f"tuning.mma={t.mma!r}: kernels with 8-bit activations use {MMA!r}")
+    if t.mma != mma_of(layer):
+        reasons.append(f"tuning.mma={t.mma!r}: kernels with {layer.scheme.activation.dtype.name} activations use "
+                       f"{mma_of(layer)!r}")
     if t.stream_k:
         reasons.append("tuning.stream_k: the standard pipeline uses split_k")
     if t.a_load != "cp_async" or t.b_load != "cp_async" or t.scale_load != "cp_async":
@@ -145,10 +197,15 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
     the folded group scales (exponent deltas, the row factor in out_scale) instead of the fp32 group scales."""
     s, a = layer.scheme, layer.scheme.activation
     gather = compute is not None and compute.gemm == "indexed"
-    out = [KernelArg("a", "const void*", ACTIVATION, f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"),
-           KernelArg("b", "const void*", WEIGHT, "8-bit weight codes (humming_gen.schemes.packing.BLayout8)"
-                     if nibble_order(layer) is None else f"{s.weight.name} codes as nibbles "
-                     f"(humming_gen.schemes.packing.BLayoutNibble8, order {nibble_order(layer)})", tensor="b")]
+    if s4_native(layer):
+        a_text = "activation codes (m, k) int4, two per byte (low nibble first), row stride lda bytes"
+        b_text = "int4 weight codes two per byte along k, in humming_gen.schemes.packing.BLayoutS4"
+    else:
+        a_text = f"activation codes (m, k) {a.dtype.name}, row stride lda bytes"
+        b_text = ("8-bit weight codes (humming_gen.schemes.packing.BLayout8)" if nibble_order(layer) is None
+                  else f"{s.weight.name} codes as nibbles (humming_gen.schemes.packing.BLayoutNibble8, order "
+                       f"{nibble_order(layer)})")
+    out = [KernelArg("a", "const void*", ACTIVATION, a_text), KernelArg("b", "const void*", WEIGHT, b_text, tensor="b")]
     if fold:
         out.append(KernelArg("b_exponent", "const void*", WEIGHT, "exponent deltas of the e4m3 weight operand "
                              "(humming_gen.components.numeric.exponent_fold)", tensor="b_exponent"))
@@ -186,14 +243,14 @@ def expert_bytes(layer: LayerConfig, n_pad: int) -> dict[str, int]:
     same packed layout, so they rebase an expert alike."""
     k_pad = padded_k(layer)
     g = weight_group_k(layer)
-    return {"b": n_pad * k_pad // (2 if nibble_order(layer) else 1),
+    return {"b": n_pad * k_pad // (2 if nibble_order(layer) or s4_native(layer) else 1),
             "b_scale": (math.ceil(k_pad / g) if g else 0) * n_pad * 4, "b_exponent": n_pad * (k_pad // 32),
             "out_scale": n_pad * 4, "bias": layer.n * 2}
 
 
-def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8, n_pad: int) -> WeightLayout:
+def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8 | BLayoutS4, n_pad: int) -> WeightLayout:
     g = weight_group_k(layer)
-    k_pad = padded_k(layer)
+    k_pad = 2 * padded_k(byte_layer(layer)) if s4_native(layer) else padded_k(layer)  # codes
     return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=k_pad, group_size=g,
                         group_rows=math.ceil(k_pad / g) if g else None, out_scale=has_out_scale(layer.scheme),
                         code_offset=0, converter_bias=0.0, zero_point=None, dtype="float32",
@@ -207,6 +264,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
     reasons = reasons + scheme_reasons(layer) + tuning_reasons(layer, t)
+    s4 = s4_native(layer)
+    if s4 and compute.gemm in MOE_GEMMS:
+        reasons.append(f"gemm={compute.gemm!r} with int4 activations: MoE GEMMs are generated for 8-bit activations "
+                       f"(QuantMoE falls back to int8)")
+    if s4 and reasons:
+        raise compose_error(reasons)
+    # int4 x int4: every tile, constant and group size below counts the operands' packed bytes (module docstring)
+    kl = byte_layer(layer) if s4 else layer
     warp_m, warp_n, warp_k = t.block_m // t.warps_m, t.block_n // t.warps_n, t.block_k // t.warps_k
     order = nibble_order(layer)
     if order is not None:
@@ -220,11 +285,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += b_layout.check()
     if K_ALIGN % t.block_k:
         reasons.append(f"tuning.block_k={t.block_k} must divide {K_ALIGN} (the K padding shared by a layer's kernels)")
-    reasons += split_k_reasons(layer, t)
+    reasons += split_k_reasons(kl, t)
     if reasons:
         raise compose_error(reasons)
     n_pad = math.ceil(layer.n / t.block_n) * t.block_n
-    k_pad = padded_k(layer)
+    k_pad = padded_k(kl)
     wgroups, agroups = weight_group_k(layer) is not None, activation_group_k(layer) is not None
     moe = compute.gemm in MOE_GEMMS
     gather = compute.gemm == "indexed"  # rows (and their activation scales) through the routing
@@ -240,7 +305,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if wgroups or agroups:
         memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups, gather=gather and agroups,
                                         activation_e8m0=activation_e8m0(layer)))
-    mma: list[Component] = [MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
+    mma: list[Component] = [MmaSyncM16N8K64S4() if s4 else
+                             MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
     schedule: list[Component] = [moe_schedule(compute) if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
@@ -261,31 +327,33 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                   pdl=pdl, nibbles=order is not None, expert_tensors=experts,
-                                  grouped=moe and not gather)
+                                  grouped=moe and not gather, s4=s4)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)
 
-    k_tiles = math.ceil(layer.k / t.block_k)
+    k_tiles = math.ceil(kl.k / t.block_k)
     b_stride = k_pad // t.block_k * b_layout.stage_bytes(t.warps_k)  # bytes of one n block of the packed weight
-    constants = constants_table(layer, n_pad, k_pad) + [
+    constants = constants_table(kl, n_pad, k_pad) + [
         ("kBlockM", t.block_m, ""), ("kBlockN", t.block_n, ""), ("kBlockK", t.block_k, ""),
         ("kWarpsM", t.warps_m, ""), ("kWarpsN", t.warps_n, ""), ("kWarpsK", t.warps_k, ""),
         ("kWarpsMN", t.warps_m * t.warps_n, ""),
         ("kWarpM", warp_m, "warp tile"), ("kWarpN", warp_n, ""), ("kWarpK", warp_k, ""),
-        ("kPromoteK", promote_k(layer, warp_k), "k between promotions of partial sums into the accumulators"),
+        ("kPromoteK", promote_k(kl, warp_k), "k between promotions of partial sums into the accumulators"),
         ("kWarpMTiles", warp_m // 8, "m8 mma tiles per warp"), ("kWarpNTiles", warp_n // 16, "n16 mma tiles per warp"),
         ("kThreads", t.threads, ""), ("kStages", t.stages, "cp.async ring depth"),
         ("kKTiles", k_tiles, "k tiles of kBlockK covering K"),
         ("kBStride", b_stride // 16, "16-byte chunks per n block of the packed weight"),
     ]
     if wgroups:
-        constants.append(("kWeightGroupK", weight_group_k(layer), "k elements per weight scale group"))
+        constants.append(("kWeightGroupK", weight_group_k(kl), "k bytes per weight scale group" if s4 else
+                          "k elements per weight scale group"))
     if agroups:
-        constants += [("kActivationGroupK", activation_group_k(layer), "k elements per activation scale group"),
-                      ("kActivationGroups", math.ceil(layer.k / activation_group_k(layer)),
+        constants += [("kActivationGroupK", activation_group_k(kl), "k bytes per activation scale group" if s4 else
+                       "k elements per activation scale group"),
+                      ("kActivationGroups", math.ceil(kl.k / activation_group_k(kl)),
                        "activation scale groups per token")]
     constants += split_k_constants(t)
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
@@ -293,7 +361,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
                       components=components, constants=tuple(constants), args=args(layer, t.split_k > 1, compute),
-                      layout=weight_layout(layer, b_layout, n_pad), group=None, shared_bytes=shared,
+                      layout=weight_layout(layer, BLayoutS4(block_n=b_layout.block_n, warps_n=b_layout.warps_n,
+                                                            warp_k=b_layout.warp_k) if s4 else b_layout, n_pad),
+                      group=None, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,
                                          split_k=t.split_k, experts=layer.num_experts if moe else 1,

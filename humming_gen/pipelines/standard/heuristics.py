@@ -13,7 +13,7 @@ from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.common import SHARED_LAYOUT, arbitrary_group_size
 from humming_gen.pipelines.standard.compose import SMEM_PER_CTA_RESERVED, shared_memory
-from humming_gen.pipelines.standard.compose_a8 import MMA as A8_MMA
+from humming_gen.pipelines.standard.compose_a8 import byte_layer, mma_of, s4_native, scheme_reasons
 from humming_gen.targets import Target
 
 # (largest M of the bucket, block_m, warps_m, warps_k, max stages, CTAs per SM); the last bucket is open-ended.
@@ -51,6 +51,8 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     """One TuningConfig per M bucket for `layer` on `target`. `overrides` replace TuningConfig fields in
     every bucket (for experiments and autotuning)."""
     layout = {**SHARED_LAYOUT, **{k: overrides.pop(k) for k in list(overrides) if k in SHARED_LAYOUT}}
+    # int4 activations: the kernels tile the packed bytes of both operands (compose_a8.byte_layer), so do the splits
+    geometry = byte_layer(layer) if s4_native(layer) and not scheme_reasons(layer) else layer
     block_n, warps_n, warp_k = layout["block_n"], layout["warps_n"], layout["warp_k"]
     n_blocks = math.ceil(layer.n / block_n)
     bits = layer.scheme.weight.bits
@@ -81,11 +83,11 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
         stages = max([s for s in range(2, max_stages + 1) if _fits(layer, target, tile(), s, ctas)], default=2)
         block_k = warp_k * warps_k
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
-        split = (_split_k(layer, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
+        split = (_split_k(geometry, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
                  else 1)
         fields = dict(tile(), stages=stages, split_k=split, ctas_per_sm=ctas)
         if layer.scheme.activation is not None:
-            fields["mma"] = A8_MMA
+            fields["mma"] = mma_of(layer)
         fields.update(overrides)
         buckets.append((m_max, TuningConfig(**fields)))
     return TuningPlan(tuple(buckets))

@@ -96,6 +96,9 @@ class StandardA8Pipeline(Component):
     min_blocks: int
     pdl: bool
     nibbles: bool = option_field()  # weights of at most 4 bits: load_b_tile_pair widens a tile pair's nibbles
+    # int4 weights x int4 activations, both packed two codes a byte: every k32 byte step (the 8-bit fragments of the
+    # packed bytes) is one mma.sync m16n8k64 s4; kK, kBlockK, kWarpK, kPromoteK and the group sizes count bytes
+    s4: bool = option_field()
     # MoE, as StandardPipeline: the stacked weight tensors rebased per expert; grouped row windows, else gathered rows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: bool = option_field()
@@ -112,7 +115,7 @@ class StandardA8Pipeline(Component):
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = {"Params", "TileCoord", "tile_coord", "u32x4", "kBTileChunks", "kBWarpSliceWords", "load_b_stage",
                  "load_a_stage", "load_a_fragments", "load_b_tile_pair" if self.nibbles else "load_b_tile",
-                 "mma_m16n8k32", "cp_async_commit", "cp_async_wait", "store_output"}
+                 "mma_m16n8k64" if self.s4 else "mma_m16n8k32", "cp_async_commit", "cp_async_wait", "store_output"}
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
@@ -132,4 +135,5 @@ class StandardA8Pipeline(Component):
                    + (" * a_scale[mt][i % 2]" if self.activation_groups else ""))
         partial = "static_cast<float>(acc_slice[nt][mt][i])" if self.integer else "acc_slice[nt][mt][i]"
         return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
-                "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles, "moe": self.moe}
+                "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles, "moe": self.moe,
+                "mma_fn": "mma_m16n8k64" if self.s4 else "mma_m16n8k32"}
