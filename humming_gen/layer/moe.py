@@ -95,7 +95,14 @@ class QuantMoE(torch.nn.Module):
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
     QuantLinear (`compute_dtypes`; strict=True refuses), and weight_only=True runs the weights with 16-bit
     activations. MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels,
-    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear)."""
+    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear).
+    Batch invariance (no `batch_invariant` option, unlike QuantLinear): within one bucket (`bucket_for(M, top_k)`,
+    the same two kernels) a token's output row is bitwise the same in every batch, whatever the other tokens and
+    wherever the routing places it: the kernels never split K, each assignment row's K sum is ordered by its kernel
+    alone, per-token / per-group / static per-tensor activation quantization reads only the row, and the top-k sum
+    adds a token's k rows in an order set by top_k alone. Across buckets the kernels differ (token tile, pipeline,
+    MMA): no promise; a dynamic per-tensor activation scale (the amax of the batch) makes every row depend on the
+    others."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,

@@ -116,7 +116,8 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
                         expert_map: torch.Tensor | None = None, bias13: torch.Tensor | None = None,
                         bias2: torch.Tensor | None = None, swiglu_alpha: float = 1.702,
                         swiglu_limit: float = 7.0, activation_scheme=None,
-                        intermediate_dtype: torch.dtype | None = None, fused_activation: bool = False) -> torch.Tensor:
+                        intermediate_dtype: torch.dtype | None = None, fused_activation: bool = False,
+                        activation_static_scales: tuple | None = None) -> torch.Tensor:
     """A whole MoE layer in float64: (M, H) = sum_j topk_weights[m, j] * expert(x[m]) over the kept slots j.
 
     x (M, H); w13 (E, 2I, H) (gate / up rows as `gate_up_layout` says); w2 (E, H, I); bias13 (E, 2I), bias2
@@ -127,6 +128,10 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     activation_scheme: an ActivationScheme (quantized activations, W8A8 / W4A8): both GEMM inputs go through
     `activation_scheme.quantize(.).dequantize()`, x as (M, H) and the gated activations as the (M * topk, I) rows
     of every assignment (zero rows for skipped slots, which a per-tensor scale therefore ignores).
+    activation_static_scales: (GEMM1's, GEMM2's) static per-tensor activation scale, a checkpoint's input_scale
+    (QuantMoE keeps them as `_static_scales`), each None for a dynamic scale: that GEMM's input is quantized with
+    `quantize_activation(activation_scheme, ., static_scale)` (granularity "tensor"; saturating at the format's
+    largest value).
     intermediate_dtype: the dtype a pipeline stores between its kernels (QuantMoE: the layer's): GEMM1's output
     (unless fused_activation: the activation is applied to it in the epilogue) and the gated activation are
     rounded to it, so that quantizing GEMM2's input sees the values the kernels see. None: float64 throughout.
@@ -142,10 +147,20 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
         raise ValueError(f"reference_fused_moe: topk_ids and topk_weights must both be (M, topk) with M = "
                          f"{x.shape[0]}, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
     f64 = torch.float64
+    static = tuple(activation_static_scales) if activation_static_scales is not None else (None, None)
+    if len(static) != 2 or (any(s is not None for s in static) and activation_scheme is None):
+        raise ValueError(f"reference_fused_moe: activation_static_scales must be (GEMM1's, GEMM2's), each a scale or "
+                         f"None, with an activation_scheme; got {activation_static_scales!r}")
+
+    def quantized(a: torch.Tensor, gemm: int) -> torch.Tensor:
+        from humming_gen.schemes.quantize import quantize_activation
+
+        return quantize_activation(activation_scheme, a, static[gemm]).dequantize(f64)
+
     local = local_experts(topk_ids, num_experts, expert_map).reshape(topk_ids.shape)
     xd = x.to(f64)
     if activation_scheme is not None:
-        xd = activation_scheme.quantize(xd).dequantize(f64)
+        xd = quantized(xd, 0)
     out = torch.zeros(x.shape[0], hidden, dtype=f64, device=x.device)
     weights = topk_weights.to(f64)
     act = torch.zeros(*topk_ids.shape, two_i // 2, dtype=f64, device=x.device)  # per assignment (m, j)
@@ -161,7 +176,7 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     if intermediate_dtype is not None:
         act = act.to(intermediate_dtype).to(f64)
     if activation_scheme is not None:
-        act = activation_scheme.quantize(act.reshape(-1, two_i // 2)).dequantize(f64).reshape(act.shape)
+        act = quantized(act.reshape(-1, two_i // 2), 1).reshape(act.shape)
     for e in experts:  # GEMM2 and the weighted sum
         m, j = torch.nonzero(local == e, as_tuple=True)
         y = act[m, j] @ w2[e].to(f64).T

@@ -22,8 +22,11 @@ def _weights(seed: int, num_experts: int = E):
             torch.randn(num_experts, H, generator=g), torch.rand(M, TOPK, generator=g))
 
 
-def _loop(x, w13, w2, weights, ids, table, activation, bias13, bias2):
-    """One token and one slot at a time, split layout, straight from the formula."""
+def _loop(x, w13, w2, weights, ids, table, activation, bias13, bias2, quantize_x=None, quantize_act=None):
+    """One token and one slot at a time, split layout, straight from the formula; quantize_x / quantize_act (when
+    given) replace x and each gated activation with their quantized values."""
+    if quantize_x is not None:
+        x = quantize_x(x.double())
     out = torch.zeros(M, H, dtype=torch.float64)
     for m in range(M):
         for j in range(TOPK):
@@ -42,6 +45,8 @@ def _loop(x, w13, w2, weights, ids, table, activation, bias13, bias2):
             else:
                 gc, uc = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
                 a = (uc + 1) * gc / (1 + torch.exp(-1.702 * gc))
+            if quantize_act is not None:
+                a = quantize_act(a)
             out[m] += float(weights[m, j]) * (w2[e].double() @ a + bias2[e].double())
     return out
 
@@ -83,6 +88,33 @@ def test_swiglu_clamps_gate_above_and_up_both_ways():
     sig = lambda v: 1 / (1 + math.exp(-1.702 * v))  # noqa: E731
     want = [(-7 + 1) * 7 * sig(7), (7 + 1) * -3 * sig(-3)]
     assert torch.allclose(got, torch.tensor([want], dtype=torch.float64), rtol=1e-14)
+
+
+def test_static_per_tensor_activation_scales():
+    """activation_static_scales quantizes each GEMM's input with its own fixed per-tensor scale, saturating at e4m3's
+    448 (an independent cast to torch.float8_e4m3fn here; scales are powers of two, exact in fp32); small enough
+    that part of x and of the gated activations clip. None keeps that GEMM's scale dynamic."""
+    x, w13, w2, b13, b2, weights = _weights(5)
+    x[0, :3] *= 30  # outliers past 448 * s1
+    ids = random_ids(M, TOPK, E, seed=6, dropped=0.2)
+    act = hg.scheme("w8a8-fp8-tensor").activation
+    s1, s2 = 2.0 ** -7, 2.0 ** -6
+
+    def e4m3(t: torch.Tensor, s: float) -> torch.Tensor:
+        return (t / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s
+
+    assert (x.abs() > 448 * s1).any()
+    got = hg.reference_fused_moe(x, w13, w2, weights, ids, bias13=b13, bias2=b2, activation_scheme=act,
+                                 activation_static_scales=(s1, torch.tensor([s2])))
+    want = _loop(x, w13, w2, weights, ids, None, "silu_mul", b13, b2, quantize_x=lambda t: e4m3(t, s1),
+                 quantize_act=lambda a: e4m3(a, s2))
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    dynamic = hg.reference_fused_moe(x, w13, w2, weights, ids, bias13=b13, bias2=b2, activation_scheme=act)
+    assert torch.equal(hg.reference_fused_moe(x, w13, w2, weights, ids, bias13=b13, bias2=b2, activation_scheme=act,
+                                              activation_static_scales=(None, None)), dynamic)
+    assert not torch.allclose(got, dynamic, rtol=1e-2)
+    with pytest.raises(ValueError, match="activation_static_scales must be"):
+        hg.reference_fused_moe(x, w13, w2, weights, ids, activation_static_scales=(s1, s2))
 
 
 @pytest.mark.parametrize("kwargs, message", [

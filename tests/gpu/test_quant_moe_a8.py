@@ -1,7 +1,9 @@
 """QuantMoE and its MoE GEMMs with 8-bit activations (W8A8, W4A8) on the standard pipeline (mma.sync m16n8k32: every
 bucket, pipeline="standard") on the GPU against the float64 references, for the presets w8a8-fp8-channel,
-w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8 and w4a8-int4-g128-int8. The warp-specialized buckets (sm_90a,
-from 17 rows per expert on by default) are tests/gpu/test_quant_moe_a8_ws.py's.
+w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8, w4a8-int4-g128-int8, w8a8-fp8-tensor (one dynamic per-tensor
+activation scale per GEMM input: the amax of every row; and a checkpoint's static input_scale,
+test_quant_moe_a8_static_per_tensor_scales) and w8a8-mxfp8 (e8m0 scales per 1 x 32 group). The warp-specialized
+buckets (sm_90a, from 17 rows per expert on by default) are tests/gpu/test_quant_moe_a8_ws.py's.
 
 The references quantize both GEMM inputs with the scheme's ActivationScheme (`quantize(.).dequantize()`, which
 humming_gen.quantize_activation matches bit for bit): x, and GEMM2's input, the gated activation. Every output the
@@ -32,7 +34,8 @@ from test_quant_moe import _rel, _routing, capture_without_sync
 
 pytestmark = pytest.mark.gpu
 
-PRESETS = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-int8-channel", "w4a8-mxfp4-fp8", "w4a8-int4-g128-int8")
+PRESETS = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-int8-channel", "w4a8-mxfp4-fp8", "w4a8-int4-g128-int8",
+           "w8a8-fp8-tensor", "w8a8-mxfp8")
 M_VALUES = (1, 7, 128, 1000)
 EXPERTS = (3, 19)
 H, I = 512, 256  # multiples of 128: the block128 activation groups tile both GEMMs' K
@@ -70,7 +73,7 @@ def _reference(moe, x, weights, ids, q13, q2, b13, b2, expert_map=None):
                                activation=moe.activation, gate_up_layout=moe.gate_up_layout, expert_map=expert_map,
                                bias13=None if b13 is None else b13.double(), bias2=None if b2 is None else b2.double(),
                                activation_scheme=moe.activation_schemes[0], intermediate_dtype=moe.dtype,
-                               fused_activation=moe.fused_activation)
+                               fused_activation=moe.fused_activation, activation_static_scales=moe._static_scales)
 
 
 def _layer_cases():
@@ -212,6 +215,11 @@ def test_a8_grouped_moe_gemm(preset: str, layout: str) -> None:
     e = 19
     moe, q13, q2, b13, b2 = _layer(preset, e, seed=11, biases=True, fused=False)  # w13 alone
     act = moe.activation_schemes[0]
+    if layout == "grouped_masked" and act.granularity == "tensor":  # its amax would read rows past the counts
+        with pytest.raises(ValueError, match="dynamic per-tensor activation scale"):
+            hg.grouped_moe_gemm(torch.zeros(e, 8, H, device="cuda").bfloat16(), moe, "w13",
+                                torch.zeros(e, dtype=torch.int32, device="cuda"), layout=layout)
+        return
     for weight, q, b, k, n in (("w13", q13, b13, H, 2 * I), ("w2", q2, b2, I, H)):
         w = q.dequantize().double()
         for rows_per_expert in (1, 7, 128, 1000):
@@ -242,6 +250,61 @@ def test_a8_grouped_moe_gemm(preset: str, layout: str) -> None:
                 ref = torch.cat([aq[offsets[j]:offsets[j + 1]] @ w[j].T + b[j].double() for j in range(e)])
                 assert torch.isnan(out[rows:]).all(), f"{weight}: rows past the segments were written"
                 _check_rows(out[:rows], ref, torch.bfloat16, f"{preset} {weight} contiguous rows={rows}")
+
+
+def static_scales(preset: str, e: int, *, seed: int, shrink: float = 0.5) -> tuple[float, float]:
+    """Per-tensor activation scales as a checkpoint's calibration would set them for the experts of build_layer(
+    preset, e, seed=seed): amax / 448 of bf16 x ~ N(0, 1) (GEMM1's input) and of the gated activations those tokens
+    give over every expert (GEMM2's input), times `shrink` (below 1: the largest values of a batch clip at 448 * s,
+    so a layer that ignored the static scale for a dynamic one would fail the test)."""
+    from humming_gen.reference.moe import gated_activation
+
+    torch.manual_seed(seed)
+    s = hg.scheme(preset)
+    w13 = s.quantize(torch.randn(e, 2 * I, H, device="cuda") * 0.05).dequantize().double()
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    x = torch.randn(256, H, device="cuda", generator=g).bfloat16().double()
+    act = gated_activation(torch.einsum("mk,enk->emn", x, w13).reshape(-1, 2 * I))
+    return shrink * x.abs().max().item() / 448, shrink * act.abs().max().item() / 448
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-activation", "fused-activation"])
+@pytest.mark.parametrize("pipeline", ["standard", None], ids=["standard", "default"])
+def test_quant_moe_a8_static_per_tensor_scales(pipeline: str | None, fused: bool) -> None:
+    """w8a8-fp8-tensor with a checkpoint's static input_scale on both GEMMs (QuantizedWeight.input_scale, one value
+    each): no amax pass, both inputs quantized with the fixed scales, saturating. fused_moe into a poisoned output
+    for M in M_VALUES and top-k 1, 2 and E, dropped slots, an outlier token, against the float64 reference with the
+    same static scales; the same reference with dynamic scales is further off than the bound. pipeline: every bucket
+    standard, and the default (warp-specialized from 17 rows per expert on sm_90a)."""
+    preset, e = "w8a8-fp8-tensor", 19
+    s1, s2 = static_scales(preset, e, seed=e)
+    torch.manual_seed(e)
+    s = hg.scheme(preset)
+    q13 = s.quantize(torch.randn(e, 2 * I, H, device="cuda") * 0.05)
+    q2 = s.quantize(torch.randn(e, H, I, device="cuda") * 0.05)
+    q13.input_scale = torch.tensor([s1], device="cuda")
+    q2.input_scale = torch.tensor([s2], device="cuda")
+    moe = hg.QuantMoE.from_quantized(q13, q2, fused_activation=fused, pipeline=pipeline)
+    assert [float(t) for t in moe._static_scales] == [torch.tensor(s1).float().item(), torch.tensor(s2).float().item()]
+    tolerance = LAYER_TOLERANCE["float8e4m3"]
+    errors, dynamic = {}, {}
+    for m in M_VALUES:
+        for top_k in (1, 2, e):
+            x = torch.randn(m, H, device="cuda").bfloat16()
+            x[0, :5] *= 20
+            weights, ids = _routing(m, e, top_k, drop=0.1 if m > 1 else 0.0)
+            out = torch.full((m, H), float("nan"), dtype=moe.dtype, device="cuda")
+            assert hg.fused_moe(x, moe, weights, ids, output=out) is out
+            assert torch.isfinite(out).all(), f"m={m} top_k={top_k}: rows left unwritten or non-finite"
+            ref = _reference(moe, x, weights, ids, q13, q2, None, None)
+            errors[(m, top_k)] = _rel(out, ref)
+            unscaled = reference_fused_moe(x.double(), q13.dequantize().double(), q2.dequantize().double(),
+                                           weights.double(), ids, activation_scheme=moe.activation_schemes[0],
+                                           intermediate_dtype=moe.dtype, fused_activation=moe.fused_activation)
+            dynamic[(m, top_k)] = _rel(unscaled, ref)
+    bad = {k: err for k, err in errors.items() if not err < tolerance}
+    assert not bad, f"relative error above {tolerance} at (m, top_k) {bad} (all {errors})"
+    assert min(dynamic.values()) > tolerance, f"dynamic scales are as close to the reference: {dynamic}"
 
 
 def test_a8_cuda_graph_replay_with_new_routing_and_no_host_sync() -> None:

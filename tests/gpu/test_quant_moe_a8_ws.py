@@ -1,6 +1,8 @@
 """QuantMoE with 8-bit activations on the warp-specialized pipeline (sm_90a: wgmma k32 indexed MoE GEMMs) on the GPU
 against the float64 references, for w8a8-fp8-channel, w8a8-fp8-block128 (DeepSeek: 1 x 128 activation groups, 128 x
-128 weight blocks), w4a8-mxfp4-fp8 and w8a8-int8-channel: every bucket forced onto the pipeline
+128 weight blocks), w4a8-mxfp4-fp8, w8a8-int8-channel, w8a8-fp8-tensor (one dynamic per-tensor activation scale
+per GEMM input; static ones: test_quant_moe_a8.py) and w8a8-mxfp8 (e8m0 scales per 1 x 32 group, token tiles of
+at most 32): every bucket forced onto the pipeline
 (pipeline="warp_specialized", token tiles 8 .. 128), and the default choice (the standard pipeline below 17 rows per
 expert, this one from there on).
 
@@ -22,7 +24,8 @@ from test_quant_moe_a8 import (LAYER_TOLERANCE, _reference, build_layer, check_e
 
 pytestmark = pytest.mark.gpu
 
-PRESETS = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-int8-channel")
+PRESETS = ("w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-int8-channel", "w8a8-fp8-tensor",
+           "w8a8-mxfp8")
 M_VALUES = (1, 7, 128, 1000)
 EXPERTS = (8, 19)
 H, I = 512, 256  # multiples of 128: the block128 activation groups tile both GEMMs' K
@@ -118,10 +121,11 @@ def test_quant_moe_a8_ws_matches_reference(preset: str, e: int, pipeline: str | 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a8_ws_gemms_write_exactly_the_routed_rows(preset: str) -> None:
     """check_routed_gemms on every bucket forced onto the warp-specialized pipeline, with ragged routing; M = 300
-    and 400 give 32 and 43 rows per expert over 19 experts (the 64-token tile)."""
+    and 400 give 32 and 43 rows per expert over 19 experts (the 64-token tile; MXFP8 caps its tiles at 32 tokens,
+    its group-32 activation scales)."""
     moe, q13, q2, b13, b2 = _layer(preset, 19, seed=7, pipeline="warp_specialized", biases=True, fused=False)
     tiles = check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES + (300, 400), _ragged_routing, preset)
-    assert tiles == {8, 16, 64, 128}, tiles
+    assert tiles == ({8, 16, 32} if preset == "w8a8-mxfp8" else {8, 16, 64, 128}), tiles
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=["forced", "default"])
