@@ -39,6 +39,12 @@ PIPELINES = ("warp_specialized", None)  # forced onto every bucket, and the defa
 # (test_a8_ws_gemms_write_exactly_the_routed_rows).
 SMALL_M = 16
 SMALL_M_LAYER_TOLERANCE = 3e-2
+# w8a8-fp8-tensor: GEMM2's one dynamic per-tensor scale is the amax of GEMM1's whole output, so a single bf16 ulp of
+# difference at that element (another accumulation order) moves every code of GEMM2's input. A float64 emulation
+# (a 2000 x 256 intermediate, its amax one ulp up) moves the layer's output by 1.6-2.5 %; the H200 measured
+# 2.2-2.8 % at some (M, top-k). The layer is held to this bound, its GEMMs alone to the dense ones
+# (test_a8_ws_gemms_write_exactly_the_routed_rows), static per-tensor scales to LAYER_TOLERANCE (test_quant_moe_a8.py).
+PER_TENSOR_LAYER_TOLERANCE = 4e-2
 
 
 def _layer(preset: str, e: int, *, seed: int, pipeline: str | None, **kwargs):
@@ -110,11 +116,14 @@ def test_quant_moe_a8_ws_matches_reference(preset: str, e: int, pipeline: str | 
     moe, q13, q2, b13, b2 = _layer(preset, e, seed=e, pipeline=pipeline, biases=e == 8, fused=fused,
                                    activation=activation, layout=layout)
     tolerance = LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name]
+    small_m_tolerance = SMALL_M_LAYER_TOLERANCE
+    if preset == "w8a8-fp8-tensor":
+        tolerance = small_m_tolerance = PER_TENSOR_LAYER_TOLERANCE
     errors, seen = layer_errors(moe, q13, q2, b13, b2)
     if pipeline is None:  # the batches span both pipelines' buckets
         assert seen == {("standard", "standard"), ("warp_specialized", "warp_specialized")}, seen
     bad = {k: err for k, err in errors.items()
-           if not err < (SMALL_M_LAYER_TOLERANCE if k[0] < SMALL_M else tolerance)}
+           if not err < (small_m_tolerance if k[0] < SMALL_M else tolerance)}
     assert not bad, f"{preset}: relative error above the bound at (m, top_k) {bad} (all {errors})"
 
 
