@@ -185,7 +185,7 @@ def _tune_compute(args: argparse.Namespace, layer, target):
                               dtype=layer.dtype, out_dtype=layer.out_dtype)
 
     choice = resolve(layer.scheme, layer.dtype, target.name, reasons, strict=False, weight_only=False,
-                     who="humming-gen tune", log=False)
+                     who="humming-gen tune", log=False, emulated_mma=target.emulated_mma)
     if choice.reasons and args.strict:
         raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
                          f"({choice.reasons[0]}); without --strict tune times the compute type a QuantLinear "
@@ -312,12 +312,14 @@ def preset_fallback(name: str, target_name: str) -> str | None:
     when the scheme's own activations have no kernel there; None when nothing runs or no fallback is needed."""
     from humming_gen.layer.compute_type import resolve
     from humming_gen.schemes.presets import preset
+    from humming_gen.targets import get_target
 
     scheme = preset(name)
     if scheme.activation is None:
         return None
     choice = resolve(scheme, "bfloat16", target_name, lambda s: [] if _scheme_composes(s, target_name) else ["-"],
-                     strict=False, weight_only=False, who="presets", log=False)
+                     strict=False, weight_only=False, who="presets", log=False,
+                     emulated_mma=get_target(target_name).emulated_mma)
     if not choice.reasons or not _scheme_composes(choice.scheme, target_name):
         return None
     return choice.compute_dtype

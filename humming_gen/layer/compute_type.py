@@ -2,10 +2,11 @@
 
 Humming's promise, kept here: one checkpoint runs on every GPU generation. Where the target has no MMA for the
 scheme's activation type (fp4 on sm_90a, fp8 on sm_80, int8 where absent), or the kernels cannot serve the
-scheme's activation quantization there, the layer falls back to the next supported compute type with the weights
-unchanged: fp4 / int4 activations -> 8-bit (fp8 e4m3 or int8, per token, dynamic) -> the layer's 16-bit dtype
-(weight-only). The choice is logged once per (scheme, target, result) and exposed as `layer.compute_dtype`;
-strict=True refuses instead, naming what is missing.
+scheme's activation quantization there, or the target only emulates that MMA (int4 from sm_90a on), the layer falls
+back to the next supported compute type with the weights unchanged: fp4 / int4 activations -> 8-bit (fp8 e4m3 or
+int8, per token, dynamic) -> the layer's 16-bit dtype (weight-only). The choice is logged once per (scheme, target,
+result) and exposed as `layer.compute_dtype`; strict=True refuses instead, naming what is missing (or, for an
+emulated MMA, runs it).
 """
 
 from __future__ import annotations
@@ -54,15 +55,21 @@ def eight_bit_fallback(act: ActivationScheme) -> ActivationScheme | None:
 
 
 def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for: Callable[[QuantScheme], list[str]],
-            *, strict: bool, weight_only: bool, who: str, log: bool = True) -> ComputeChoice:
+            *, strict: bool, weight_only: bool, who: str, log: bool = True,
+            emulated_mma: frozenset[tuple[str, str]] = frozenset()) -> ComputeChoice:
     """The scheme to run. `reasons_for(s)` lists what keeps kernels from serving s on the target (empty: served).
-    When even 16-bit activations have reasons, the choice is 16-bit with them (the caller's compose names them)."""
+    When even 16-bit activations have reasons, the choice is 16-bit with them (the caller's compose names them).
+    Activations whose MMA the target only emulates (Target.emulated_mma) fall back too, unless strict."""
     act = scheme.activation
     if act is None:
         return ComputeChoice(scheme, dtype_name, ())
     if weight_only:
         return ComputeChoice(attrs.evolve(scheme, activation=None), dtype_name, ())
     reasons = tuple(reasons_for(scheme))
+    emulated = not reasons and not strict and (act.dtype.name, act.dtype.name) in emulated_mma
+    if emulated:
+        reasons = (f"{target_name} has no {act.dtype.name} tensor cores: ptxas emulates its mma.sync, slower than "
+                   f"the next compute type",)
     if not reasons:
         return ComputeChoice(scheme, act.dtype.name, ())
     if strict:
@@ -83,6 +90,6 @@ def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for:
     if log and key not in _LOGGED:
         _LOGGED.add(key)
         logger.warning("%s: %s activations of this scheme do not run on %s (%s); running %s activations with the "
-                       "weights unchanged (strict=True refuses instead)", who, act.dtype.name, target_name,
-                       reasons[0], choice.compute_dtype)
+                       "weights unchanged (strict=True %s instead)", who, act.dtype.name, target_name,
+                       reasons[0], choice.compute_dtype, "runs the emulation" if emulated else "refuses")
     return choice

@@ -72,7 +72,8 @@ class QuantLinear(torch.nn.Module):
         self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
         choice = resolve(qweight.scheme, _DTYPE_NAME[dtype], self.target.name,
                          lambda s: self._quantized_activation_reasons(qweight, s, bias is not None, out_dtype),
-                         strict=strict, weight_only=weight_only, who="QuantLinear")
+                         strict=strict, weight_only=weight_only, who="QuantLinear",
+                         emulated_mma=self.target.emulated_mma)
         #: the activation type the MMA multiplies ("float8e4m3", "int8", or the 16-bit dtype where activations
         #: are not quantized); may be a fallback from the scheme's own (humming_gen.layer.compute_type)
         self.compute_dtype: str = choice.compute_dtype

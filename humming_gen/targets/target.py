@@ -77,6 +77,9 @@ class Target:
     features: frozenset[str] = attrs.field(converter=frozenset)
     mma_shapes: Mapping[tuple[str, str], tuple[str, ...]] = attrs.field(converter=_shapes_table, hash=False)
     predecessor: str | None = None
+    #: (a, b) pairs the target multiplies with mma.sync that ptxas lowers to other units (int4 from sm_90a on: no int4
+    #: tensor cores): exact, but slower than the next compute type, so layers fall back from them unless strict
+    emulated_mma: frozenset[tuple[str, str]] = attrs.field(factory=frozenset, converter=frozenset)
 
     def __attrs_post_init__(self) -> None:
         unknown = sorted(self.features - FEATURES)

@@ -6,8 +6,10 @@ codes humming_gen.quantize_activation packs two per byte), dequantized, times th
 The kernel's s32 partial sums are exact over a scale group / warp k slice, so what remains is fp32 scaling and
 accumulation order and the output rounding: relative Frobenius error below TOLERANCE and every element within
 ELEMENT_TOL of the largest reference value, as for 8-bit activations (tests/gpu/test_linear_w8a8.py). Outputs are
-poisoned (NaN) before every launch. Where the GPU has no int4 mma.sync the layer runs int8 activations
-(compute_dtype says which); the reference then quantizes x as the layer does.
+poisoned (NaN) before every launch. The layers are built with strict=True, so the s4 kernels run wherever the GPU
+has int4 mma.sync, also where ptxas emulates it (sm_90a on: s8 IMMA), which by default falls back to int8
+activations (test_w4a4_default_falls_back_where_int4_is_emulated); where the GPU has no int4 mma.sync at all the
+layer runs int8 activations (compute_dtype says which), and the reference then quantizes x as the layer does.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def test_w4a4_linear(n: int, k: int, dtype: torch.dtype, has_bias: bool) -> None
     w = torch.randn(n, k, device="cuda") * 0.05
     bias = torch.randn(n, device="cuda").to(dtype) if has_bias else None
     qw = hg.scheme("w4a4-int4-g128").quantize(w)
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, strict=True)
     _assert_int4(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, "w4a4-int4-g128")
@@ -89,7 +91,7 @@ def test_w4a4_scale_granularities(weight: str, act: str) -> None:
     torch.manual_seed(3)
     n, k = 4000, 3072
     qw = _scheme(weight, ACTIVATIONS[act]).quantize(torch.randn(n, k, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, strict=True)
     _assert_int4(layer)
     for m in (1, 16, 127, 1000):
         _check(layer, qw, None, torch.bfloat16, m, f"w4a4 {weight} x {act}")
@@ -99,10 +101,24 @@ def test_w4a4_from_float_3d_input_and_fp32_out() -> None:
     torch.manual_seed(4)
     n, k = 576, 7168
     w = torch.randn(n, k, device="cuda") * 0.05
-    layer = hg.QuantLinear.from_float(w, "w4a4-int4-channel", dtype=torch.bfloat16, out_dtype=torch.float32)
+    layer = hg.QuantLinear.from_float(w, "w4a4-int4-channel", dtype=torch.bfloat16, out_dtype=torch.float32,
+                                      strict=True)
     _assert_int4(layer)
     x = torch.randn(2, 5, k, device="cuda").bfloat16()
     y = layer(x)
     qw = attrs.evolve(hg.scheme("w4a4-int4-channel").quantize(w), scheme=layer.scheme)
     ref = reference_gemm(x.reshape(-1, k).double(), qw).reshape(2, 5, n)
     assert ((y.double() - ref).norm() / ref.norm()).item() < TOLERANCE[torch.bfloat16]
+
+
+def test_w4a4_default_falls_back_where_int4_is_emulated() -> None:
+    """By default a GPU whose int4 mma.sync ptxas emulates (Target.emulated_mma) runs int8 activations per token with
+    the int4 weights unchanged (the W4A8 kernels); elsewhere the s4 kernels run."""
+    torch.manual_seed(6)
+    n, k = 4000, 3072
+    qw = hg.scheme("w4a4-int4-g128").quantize(torch.randn(n, k, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    emulated = ("int4", "int4") in layer.target.emulated_mma
+    assert layer.compute_dtype == ("int8" if emulated or not layer.target.has("mma_int4") else "int4")
+    for m in (1, 127, 1000):
+        _check(layer, qw, None, torch.bfloat16, m, "w4a4-int4-g128 default")
