@@ -184,8 +184,10 @@ def _tune_compute(args: argparse.Namespace, layer, target):
         return kernel_reasons(layer.n, layer.k, scheme, ComputeConfig(), target, has_bias=layer.has_bias,
                               dtype=layer.dtype, out_dtype=layer.out_dtype)
 
+    # --strict tunes an MMA the target emulates, as QuantLinear(strict=True) runs it
     choice = resolve(layer.scheme, layer.dtype, target.name, reasons, strict=False, weight_only=False,
-                     who="humming-gen tune", log=False, emulated_mma=target.emulated_mma)
+                     who="humming-gen tune", log=False,
+                     emulated_mma=frozenset() if args.strict else target.emulated_mma)
     if choice.reasons and args.strict:
         raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
                          f"({choice.reasons[0]}); without --strict tune times the compute type a QuantLinear "

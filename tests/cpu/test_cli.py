@@ -130,6 +130,7 @@ def test_tune_fold_scales_errors(capsys, argv, fragments):
     ("w4a8-mxfp4-fp8", "sm_80", "act=16-bit"),  # no fp8 MMA on sm_80: QuantLinear runs bfloat16 activations
     ("w8a8-int8-channel", "sm_80", "act=int8/token"),  # int8 MMA from sm_80: as the scheme
     ("w4a8-mxfp4-fp8", "sm_90a", "act=float8e4m3/token"),
+    ("w4a4-int4-g128", "sm_90a", "act=int8/token"),  # int4 mma.sync emulated on sm_90a: int8 unless strict
 ])
 def test_tune_times_the_compute_type_quantlinear_runs(capsys, scheme, target, act):
     """Where the target has no kernel for the scheme's quantized activations, tune times (and stores under) the
@@ -146,3 +147,5 @@ def test_tune_times_the_compute_type_quantlinear_runs(capsys, scheme, target, ac
         assert rc == 2 and err.count("\n") == 1 and "--strict: float8e4m3 activations do not run on sm_80" in err
     else:
         assert rc == 0, err
+    if scheme.startswith("w4a4"):  # strict tunes the emulated int4 MMA, as QuantLinear(strict=True) runs it
+        assert "act=int4/token" in next(line for line in out.splitlines() if line.startswith("layer"))
