@@ -147,3 +147,10 @@ def gated_tile_rows(rows: torch.Tensor, activation: str) -> torch.Tensor:
 
     tiles = rows.view(rows.shape[0], -1, 2, 8)
     return gated_activation(torch.cat([tiles[:, :, 0].flatten(1), tiles[:, :, 1].flatten(1)], dim=1), activation)
+
+
+def assert_no_spills(kernel, what: object = "") -> None:
+    """A compiled kernel holds every value in registers (ptxas: no spill stores or loads), at most 255 a thread."""
+    res = kernel.resources
+    assert res["spill_store_bytes"] == 0 and res["spill_load_bytes"] == 0, (what, res)
+    assert res["registers"] <= 255, (what, res)

@@ -29,6 +29,7 @@ from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
 from humming_gen.targets import get_target
+from helpers import assert_no_spills
 
 LAYOUTS8 = [(128, 2, 64), (64, 1, 32), (256, 4, 128)]
 
@@ -87,10 +88,7 @@ COMPILE = [("w8a8-int8-channel", "sm_80", (1, 1000)), ("w8a8-int8-channel", "sm_
 @pytest.mark.parametrize("scheme,target,ms", COMPILE, ids=lambda v: v if isinstance(v, str) else None)
 def test_compiles_without_spills(scheme: str, target: str, ms) -> None:
     for m in ms:
-        kernel = build(_plan(scheme, target, m, has_bias=True))
-        res = kernel.resources
-        assert res["spill_store_bytes"] == 0 and res["spill_load_bytes"] == 0, (m, res)
-        assert res["registers"] <= 255
+        assert_no_spills(build(_plan(scheme, target, m, has_bias=True)), m)
 
 
 def test_fp8_on_sm80_names_the_feature() -> None:
@@ -393,7 +391,7 @@ def test_weight_multicast_clusters_compile_without_spills(scheme: str, fold: boo
     assert plan.kernel_name.endswith("_c2") and plan.launch.cluster == (2, 1, 1)
     assert plan.grid(1) == (2 * 32, 1, 1)  # 32 n tiles, each a pair of m tiles (the second idle)
     kernel = build(plan)
-    assert kernel.resources["spill_store_bytes"] == 0 and kernel.resources["spill_load_bytes"] == 0
+    assert_no_spills(kernel, plan.kernel_name)
     for symbol in ("bulk_copy_multicast", "release_stage(ring, stage)", "cluster_sync();", "peer_empty_bars"):
         assert symbol in kernel.source, symbol
     single = build(_plan(scheme, "sm_90a", 4096, has_bias=True, fold_scales=fold))
