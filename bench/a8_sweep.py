@@ -16,17 +16,16 @@ from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized.heuristics import deepest
+from humming_gen.pipelines.warp_specialized.heuristics import deepest, weight_multicast
 from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
-CLUSTER = dict(raster="n_major", cluster_m=2, b_load="tma_multicast")  # two CTAs along M share weight stages
 VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
                       dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
                       dict(block_m=160, raster="n_major")],  # {}: the heuristics' own
-            "cluster": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, **CLUSTER),
-                        dict(block_m=192, raster="n_major"), dict(block_m=192, **CLUSTER)]}[
+            "cluster": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, cluster=True),
+                        dict(block_m=192, raster="n_major"), dict(block_m=192, cluster=True)]}[
     sys.argv[3] if len(sys.argv) > 3 else "tiles"]
 torch.manual_seed(0)
 n = k = 8192
@@ -40,7 +39,9 @@ for name in presets:
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
-            t = attrs.evolve(base, **v)
+            fields = {f: val for f, val in v.items() if f != "cluster"}
+            t = attrs.evolve(base, **fields)
+            t = weight_multicast(t) if v.get("cluster") else t
             if v:  # as many stages as shared memory holds
                 fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
                 t = deepest(layer, target, fields)

@@ -12,6 +12,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.pipelines.base import TuningPlan
+from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
 from humming_gen.reference import reference_gemm
 
 CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200)),
@@ -55,8 +56,7 @@ if "--clusters-only" not in sys.argv:
 for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 1024), ("w8a8-fp8-block128", 2048, 1024)):
     qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
     base = hg.QuantLinear.from_quantized(qw)
-    tuning = attrs.evolve(base.tunings.for_m(4096), block_m=128, raster="n_major", split_k=1, cluster_m=2,
-                          b_load="tma_multicast")
+    tuning = weight_multicast(attrs.evolve(base.tunings.for_m(4096), block_m=128))
     layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
     x = torch.randn(300, k, device="cuda").bfloat16()
     ref = reference_gemm(x.double(), qw)

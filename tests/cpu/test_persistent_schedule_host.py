@@ -14,6 +14,7 @@ from humming_gen.codegen.compose import compose
 from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
 from humming_gen.targets import get_target
 
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -77,8 +78,7 @@ def _cluster_plans():
         layer = LayerConfig(n=n, k=k, scheme=scheme)
         base = choose_tunings(layer, SM90, stored=False).for_m(4096)
         for block_m in (128, 192):
-            t = attrs.evolve(base, block_m=block_m, raster="n_major", split_k=1, cluster_m=2,
-                             b_load="tma_multicast", stages=5)
+            t = weight_multicast(attrs.evolve(base, block_m=block_m, stages=5))
             plans.append(compose(layer, ComputeConfig(), t, SM90))
     return plans
 

@@ -26,6 +26,7 @@ from humming_gen.runtime.compile import fatal_warnings
 from humming_gen.pipelines.standard.compose_a8 import activation_e8m0
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
+from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
 from humming_gen.targets import get_target
@@ -374,8 +375,7 @@ def test_staged_scale_kernels_compile_without_spills_or_wgmma_serialization(comp
 
 def _cluster_tuning(layer: LayerConfig, block_m: int = 128, **kw):
     base = choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(4096)
-    fields = dict(block_m=block_m, raster="n_major", split_k=1, cluster_m=2, b_load="tma_multicast", stages=6)
-    return attrs.evolve(base, **{**fields, **kw})
+    return attrs.evolve(weight_multicast(attrs.evolve(base, block_m=block_m, stages=6)), **kw)
 
 
 @pytest.mark.parametrize("scheme,fold", [("w8a8-fp8-channel", False), ("w8a8-int8-channel", False),

@@ -4,8 +4,8 @@ the float64 reference.
 The reference is reference_gemm: x quantized by the scheme's int4 ActivationScheme in float64 (bit-identical to the
 codes humming_gen.quantize_activation packs two per byte), dequantized, times the dequantized weight, plus bias.
 The kernel's s32 partial sums are exact over a scale group / warp k slice, so what remains is fp32 scaling and
-accumulation order and the output rounding: relative Frobenius error below TOLERANCE and every element within
-ELEMENT_TOL of the largest reference value, as for 8-bit activations (tests/gpu/test_linear_w8a8.py). Outputs are
+accumulation order and the output rounding: test_linear_w8a8._check's bounds (relative Frobenius error and every
+element against the largest reference value), the reference quantizing x as the layer does. Outputs are
 poisoned (NaN) before every launch. The layers are built with strict=True, so the s4 kernels run wherever the GPU
 has int4 mma.sync, also where ptxas emulates it (sm_90a on: s8 IMMA), which by default falls back to int8
 activations (test_w4a4_default_falls_back_where_int4_is_emulated); where the GPU has no int4 mma.sync at all the
@@ -20,13 +20,12 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference import reference_gemm
+from test_linear_w8a8 import TOLERANCE, _check
 
 pytestmark = pytest.mark.gpu
 
 M_VALUES = (1, 3, 16, 64, 127, 1000)
 SHAPES = ((1024, 2048), (4000, 3072), (576, 7168))  # (N, K)
-TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}
-ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 A = hg.ActivationScheme
 
 
@@ -34,21 +33,6 @@ def _scheme(weight: str, act: A) -> hg.QuantScheme:
     if weight == "channel":
         return hg.QuantScheme("int4", granularity="channel", scale_dtype="float32", activation=act)
     return hg.QuantScheme("int4", group_size=int(weight[1:]), scale_dtype="bfloat16", activation=act)
-
-
-def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
-    x = torch.randn(m, qw.k, device="cuda").to(dtype)
-    x[0, : min(7, qw.k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
-    out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=layer.out_dtype)
-    layer(x, out=out)
-    run = attrs.evolve(qw, scheme=layer.scheme)  # the activation the layer quantizes (int4, or int8 where it fell back)
-    ref = reference_gemm(x.double(), run, bias=bias)
-    y = out.double()
-    assert torch.isfinite(y).all(), f"{what} m={m}: non-finite outputs (rows or columns left unwritten)"
-    err = ((y - ref).norm() / ref.norm()).item()
-    assert err < TOLERANCE[dtype], f"{what} m={m}: relative error {err:.3g}"
-    worst = ((y - ref).abs().max() / ref.abs().max()).item()
-    assert worst < ELEMENT_TOL[dtype], f"{what} m={m}: largest element error {worst:.3g} of max |ref|"
 
 
 def _assert_int4(layer: hg.QuantLinear) -> None:

@@ -64,7 +64,8 @@ def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
     x[0, : min(7, qw.k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
     out = torch.full((m, qw.n), float("nan"), device="cuda", dtype=layer.out_dtype)
     layer(x, out=out)
-    ref = reference_gemm(x.double(), qw, bias=bias)
+    run = attrs.evolve(qw, scheme=layer.scheme)  # the activation the layer quantizes (the scheme's, or its fallback)
+    ref = reference_gemm(x.double(), run, bias=bias)
     y = out.double()
     assert torch.isfinite(y).all(), f"{what} m={m}: non-finite outputs (rows or columns left unwritten)"
     err = ((y - ref).norm() / ref.norm()).item()
@@ -175,6 +176,7 @@ def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
     from humming_gen.heuristics import choose_tunings
     from humming_gen.layer.weights import scales_fold
     from humming_gen.pipelines.base import TuningPlan
+    from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
 
     torch.manual_seed(13)
     n, k = 8192, 3072 if scheme.endswith("block128") else 3000
@@ -185,8 +187,7 @@ def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
         pytest.skip(f"{target.name} launches no clusters")
     layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
     base = choose_tunings(layer, target, stored=False).for_m(4096)
-    tuning = attrs.evolve(base, block_m=block_m, raster="n_major", split_k=1, cluster_m=2, b_load="tma_multicast",
-                          stages=min(base.stages, 5 if block_m == 192 else 6))
+    tuning = weight_multicast(attrs.evolve(base, block_m=block_m, stages=min(base.stages, 5 if block_m == 192 else 6)))
     linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
     assert linear.kernel_for(1).plan.launch.cluster == (2, 1, 1)
     for m in (1, 300, 1000):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
@@ -151,6 +153,12 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
                   raster="m_band" if compose_a8.promoted_weight_group_k(layer) is not None and split == 1
                   else "n_major")
     return deepest(layer, target, fields)
+
+
+def weight_multicast(tuning: TuningConfig) -> TuningConfig:
+    """`tuning` with two-CTA clusters along M sharing each weight stage by multicast (8-bit dense kernels; opt-in: on
+    the H200 at N = K = 8192 it measured no faster, so no heuristic picks it): unit pairs walk whole tiles n-major."""
+    return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
