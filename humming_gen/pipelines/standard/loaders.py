@@ -94,3 +94,35 @@ class ATile8CpAsync(_ActivationTile, Component):
     warp_m_tiles: int
     gather: bool = option_field()  # MoE: rows gathered through the routing's sorted assignments (as ATileCpAsync)
     element_bytes: ClassVar[int] = 1
+
+
+@attrs.frozen
+class ATile8Quantize(_ActivationTile, Component):
+    """16-bit activations quantized per token in the loader (TuningConfig.a_load='quantize'): token scales from a
+    first pass over the CTA's rows (in shared memory, read by the epilogue through TokenScalesSmem), then each
+    stage's x tile fetched into registers ahead of the compute and encoded into ATile8CpAsync's code layout with
+    the activation-quantization kernel's own element code (humming_gen.activation.components: VectorIO,
+    BlockScaleRule, ElementCode), so the codes equal humming_gen.quantize_activation's bit for bit."""
+
+    template: ClassVar[str] = "pipelines/standard/a_tile8_quantize.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"ldmatrix"})
+    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "ldmatrix")
+    dtype: str  # of x
+    block_k: int
+    warp_m_tiles: int
+    gather: ClassVar[bool] = False
+    element_bytes: ClassVar[int] = 1  # the swizzle is that of the code tile
+
+    @property
+    def provides(self) -> frozenset[str]:
+        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "a_smem_chunk", "load_a_fragments",
+                          "TokenScalesSmem", "AStageX", "quantize_token_scales", "fetch_a_stage", "store_a_stage"})
+
+    @property
+    def needs(self) -> frozenset[str]:
+        # (and the activation-quantization components' symbols, which declare none: to_float, load_vector,
+        # amax_bits, quantize_vector, warp_max_xor, block_scale, Words4, Vector, Codes, BlockScale)
+        return frozenset({"smem_address"}
+                         | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))

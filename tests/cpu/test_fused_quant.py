@@ -1,0 +1,188 @@
+"""Kernels that quantize their 16-bit activations in the loader (TuningConfig.a_load='quantize', standard pipeline,
+8-bit activations, small M): codegen (only the chosen branch renders; other kernels keep their sources), refusals,
+NVRTC compilation without spills, the element and scale code (the activation-quantization kernel's own, checked
+verbatim in the source and run on the host against ActivationScheme.quantize), and QuantLinear's bucket choice.
+GPU numerics: tests/gpu/test_linear_fused_quant.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import attrs
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.activation.components import BlockScaleRule, ElementCode, Rounding
+from humming_gen.activation.kernel import QuantizeConfig, generate as generate_quantize
+from humming_gen.codegen import compose
+from humming_gen.codegen.render import environment
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.kernel import build
+from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.standard.compose_a8 import quantize_a_plan
+from humming_gen.targets import get_target
+from helpers import assert_no_spills
+from test_activation_quantize_host import CXX, MAIN, PRELUDE, _bits, _blocks
+
+FUSED_NAMES = ("quantize_token_scales", "fetch_a_stage", "store_a_stage", "TokenScalesSmem", "a_token_scale_smem",
+               "ATile8Quantize", "quantize_vector")
+
+
+def _plan(scheme: str, target: str, m: int, a_load: str = "quantize", n: int = 4096, k: int = 4096, **kw):
+    layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
+    t = choose_tunings(layer, get_target(target), stored=False).for_m(m)
+    return compose(layer, ComputeConfig(), attrs.evolve(t, a_load=a_load), get_target(target))
+
+
+def _source(*a, **kw) -> str:
+    return build(_plan(*a, **kw), compile=False).source
+
+
+def _body(src: str) -> str:
+    """The source below the header comment (which lists configs and components)."""
+    return src[src.index("typedef unsigned int u32;"):]
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel"])
+def test_the_option_renders_only_its_branch(scheme: str) -> None:
+    fused = _source(scheme, "sm_90a", 1, has_bias=True)
+    plain = _source(scheme, "sm_90a", 1, a_load="cp_async", has_bias=True)
+    for name in FUSED_NAMES:
+        assert name not in plain, name
+    body = _body(fused)
+    for name in FUSED_NAMES[:5]:
+        assert name in body, name
+    assert "p.a_scale" not in body and "a_scale;" not in body  # no activation-scale argument: Params has none
+    assert "load_a_stage(" not in body and "load_activation_stage" not in body
+    assert "quantize_token_scales(x, p.lda, p.m, cfg::kK, tc.m0);" in body
+    assert re.search(r"extern \"C\" __global__ .* gemm_\w+_xq\(", body)
+    assert "16-bit activations x (m, k) bfloat16, row stride lda elements" in body
+    # the 8-bit tile's fragment reads are shared (one template), so both kernels read codes alike
+    frag = body[body.index("// B-operand fragments of one k32 step"):]
+    assert frag[:frag.index("\n}\n")] in _body(plain)
+
+
+def test_only_fp8_renders_the_fp8_conversion() -> None:
+    assert "cvt_e4m3x2" in _source("w8a8-fp8-channel", "sm_90a", 16)
+    src = _source("w8a8-int8-channel", "sm_90a", 16)
+    assert "cvt_e4m3x2" not in src and "float8" not in _body(src) and "encode_int8" in src
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_element_and_scale_code_are_the_quantize_kernels(scheme: str, dtype: str) -> None:
+    """quotient, encode_pair, block_scale, load_vector, amax_bits and quantize_vector appear in the fused GEMM
+    exactly as in humming_gen.quantize_activation's kernel for the same scheme, input type and target."""
+    target = get_target("sm_90a")
+    gemm = _source(scheme, "sm_90a", 1, dtype=dtype, has_bias=dtype == "float16")
+    quant = generate_quantize(QuantizeConfig(hg.scheme(scheme).activation, dtype, target))
+    def definition(src: str, fn: str) -> str:  # definitions precede uses: the first `fn(` in the body is its own
+        body = _body(src)
+        start = body.rindex("__device__", 0, body.index(" " + fn + "("))
+        return body[start:body.index("\n}\n", start)]
+
+    for fn in ("quotient", "encode_pair", "block_scale", "load_vector", "amax_bits", "quantize_vector", "round_to_odd"):
+        assert definition(gemm, fn) == definition(quant, fn), fn
+
+
+@pytest.mark.parametrize("scheme,target,m,dtype,bias", [
+    ("w8a8-int8-channel", "sm_80", 1, "bfloat16", True), ("w8a8-int8-channel", "sm_80", 16, "float16", False),
+    ("w8a8-fp8-channel", "sm_89", 1, "bfloat16", True), ("w8a8-int8-channel", "sm_89", 16, "bfloat16", False),
+    ("w8a8-fp8-channel", "sm_90a", 1, "bfloat16", True), ("w8a8-fp8-channel", "sm_90a", 16, "float16", False),
+    ("w8a8-int8-channel", "sm_90a", 1, "float16", True), ("w8a8-int8-channel", "sm_90a", 16, "bfloat16", False)])
+def test_compiles_without_spills(scheme, target, m, dtype, bias) -> None:
+    kernel = build(_plan(scheme, target, m, dtype=dtype, has_bias=bias))
+    assert_no_spills(kernel, (scheme, target, m))
+    assert kernel.plan.tuning.a_load == "quantize"
+
+
+@pytest.mark.parametrize("scheme,needle", [
+    ("w8a8-fp8-tensor", "per-token scales"), ("w8a8-fp8-block128", "per-token scales"),
+    ("w4a4-nvfp4", "quantizes to")])
+def test_unserved_schemes_are_refused(scheme: str, needle: str) -> None:
+    with pytest.raises(ComposeError, match=needle):
+        _plan(scheme, "sm_90a", 1)
+
+
+def test_refusals_name_k_block_m_and_pipeline() -> None:
+    with pytest.raises(ComposeError, match="multiple of 8"):
+        _plan("w8a8-fp8-channel", "sm_90a", 1, k=4100)
+    layer = LayerConfig(n=4096, k=4096, scheme="w8a8-fp8-channel")
+    t = choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(16)
+    with pytest.raises(ComposeError, match="block_m <= 16"):
+        compose(layer, ComputeConfig(), attrs.evolve(t, a_load="quantize", block_m=32, warps_m=1),
+                get_target("sm_90a"))
+    with pytest.raises(ValueError, match="needs pipeline='standard'"):
+        attrs.evolve(choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(64), a_load="quantize")
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("scheme,target", [("w8a8-fp8-channel", "sm_90a"), ("w8a8-int8-channel", "sm_80")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_in_kernel_quantization_matches_reference_on_the_host(scheme, target, dtype, tmp_path) -> None:
+    """The fused plan's own Rounding / BlockScaleRule / ElementCode (software conversion: the host has no cvt),
+    run as the loader runs them (row amax as |x| bits, block_scale, quotient, encode_pair) on 16-bit rows, against
+    ActivationScheme.quantize: codes and fp32 token scales bit for bit."""
+    plan = _plan(scheme, target, 16)
+    act = hg.scheme(scheme).activation
+    parts = [PRELUDE]
+    for c in plan.components:
+        if isinstance(c, Rounding):
+            c = attrs.evolve(c, encoders=tuple(dict.fromkeys(c.encoders + (act.dtype,))))
+        elif isinstance(c, ElementCode):
+            c = attrs.evolve(c, convert=None)
+        elif not isinstance(c, BlockScaleRule):
+            continue
+        parts.append(environment().get_template(c.template).render(**c.context()))
+    assert len(parts) == 4
+    src = tmp_path / "fused.cpp"
+    src.write_text("\n".join(parts) + MAIN.replace("MASK", "255").replace("GLOBAL_READ", "").replace("GLOBAL_ARG", ""))
+    exe = tmp_path / "fused"
+    subprocess.run([CXX, "-O1", "-std=c++17", "-ffp-contract=off", str(src), "-o", str(exe)], check=True,
+                   capture_output=True, text=True)
+    rows = [x.to(dtype).to(torch.float32) for x in _blocks(act, seed=7)]
+    rows = [x for x in rows if x.abs().max() < torch.finfo(dtype).max or not torch.isfinite(x).all()]
+    lines = [str(len(rows))] + [" ".join([str(x.numel())] + [str(b) for b in _bits(x)]) for x in rows]
+    out = subprocess.run([str(exe)], input="\n".join(lines), capture_output=True, text=True, check=True).stdout
+    for r, (x, line) in enumerate(zip(rows, out.strip().splitlines())):
+        got = [int(v) for v in line.split()]
+        ref = act.quantize(x.reshape(1, -1))
+        codes = ref.codes.reshape(-1)
+        assert got[1:] == (codes.view(torch.uint8) if codes.dtype == torch.int8 else codes).tolist(), r
+        want = ref.scales.reshape(-1)[:1].to(torch.float32)
+        assert got[0] == _bits(want)[0] or (torch.isnan(want).all() and got[0] & 0x7FFFFFFF > 0x7F800000), r
+
+
+def test_quantlinear_picks_fused_kernels_for_small_m_only() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(256, 512)
+    layer = hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_90a", device="cpu", quantize_in_gemm=True)
+    for (m_max, kernel), fused in zip(layer._buckets, layer.quantizes_in_gemm):
+        assert fused == (m_max is not None and m_max <= 16), (m_max, kernel.name)
+        assert (kernel.plan.tuning.a_load == "quantize") == fused
+        assert kernel.name.endswith("_xq") == fused
+        assert any(a.name == "a_scale" for a in kernel.plan.args) != fused
+    assert any(layer.quantizes_in_gemm)
+    default = hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_90a", device="cpu")
+    assert not any(default.quantizes_in_gemm)
+    # same tiles apart from the loader: same packed weight
+    for (_, a), (_, b) in zip(layer._buckets, default._buckets):
+        assert attrs.evolve(a.plan.tuning, a_load="cp_async") == b.plan.tuning
+
+
+def test_quantlinear_keeps_unserved_schemes_unfused() -> None:
+    layer = hg.QuantLinear.from_float(torch.randn(256, 512), "w8a8-fp8-block128", target="sm_90a", device="cpu",
+                                      quantize_in_gemm=True)
+    assert not any(layer.quantizes_in_gemm)
+
+
+def test_quantize_a_plan_leaves_large_m_alone() -> None:
+    layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
+    plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
+    fused = quantize_a_plan(plan, layer, get_target("sm_90a"))
+    for (m_max, t), (_, u) in zip(plan.buckets, fused.buckets):
+        assert (u.a_load == "quantize") == (m_max is not None and m_max <= 16)
+        assert attrs.evolve(u, a_load=t.a_load) == t
