@@ -186,3 +186,89 @@ def test_quantize_a_plan_leaves_large_m_alone() -> None:
     for (m_max, t), (_, u) in zip(plan.buckets, fused.buckets):
         assert (u.a_load == "quantize") == (m_max is not None and m_max <= 16)
         assert attrs.evolve(u, a_load=t.a_load) == t
+
+
+HOST_TILE = r"""
+struct ThreadIdx { unsigned x; } threadIdx;
+#define __shared__
+#define __align__(n) alignas(n)
+static inline void __syncthreads() {}
+static inline u32 smem_address(const void*) { return 0u; }
+static inline void ldmatrix_x4(u32 (&)[4], u32) {}
+static inline void ldmatrix_x2(u32 (&)[2], u32) {}
+static inline u32 warp_max_xor(u32 v, int) { return v; }
+static inline float to_float(u16 x) { return bits_f32(static_cast<u32>(x) << 16); }  // bf16
+"""
+
+HOST_TILE_MAIN = r"""
+int main() {
+  int m, k, k0;
+  std::scanf("%d %d %d", &m, &k, &k0);
+  std::vector<u16> x(static_cast<size_t>(m) * k);
+  for (auto& v : x) { unsigned b; std::scanf("%u", &b); v = static_cast<u16>(b); }
+  for (int r = 0; r < cfg::kBlockM; ++r) { unsigned b; std::scanf("%u", &b); a_token_scale_smem[r] = bits_f32(b); }
+  std::vector<unsigned char> smem(cfg::kBlockM * cfg::kBlockK, 0xEEu);  // poisoned
+  for (unsigned t = 0; t < cfg::kThreads; ++t) {  // the loader's threads, one after another (no barrier inside)
+    threadIdx.x = t;
+    AStageX ax;
+    fetch_a_stage(ax, x.data(), k, m, k, 0, k0);
+    store_a_stage(smem.data(), ax);
+  }
+  for (unsigned char c : smem) std::printf("%u ", c);
+  std::printf("\n");
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel"])
+@pytest.mark.parametrize("threads,m,k,k0", [(64, 5, 200, 128), (96, 8, 256, 0), (256, 1, 136, 128)])
+def test_loader_writes_the_8bit_tile_layout_on_the_host(scheme, threads, m, k, k0, tmp_path) -> None:
+    """fetch_a_stage + store_a_stage as rendered (software conversion), run thread by thread on the host on a bf16
+    x: the shared tile must hold ActivationScheme.quantize's codes where ATile8CpAsync puts byte k of row r
+    (a_smem_chunk(r, k / 16) * 16 + k % 16), and code 0 at rows >= m and k >= K."""
+    from humming_gen.pipelines.standard.loaders import ATile8Quantize
+
+    block_m, block_k = 8, 128
+    plan = _plan(scheme, "sm_80" if "int8" in scheme else "sm_89", 1)
+    act = hg.scheme(scheme).activation
+    env = environment()
+    parts = [PRELUDE, HOST_TILE, "namespace cfg {", f"constexpr int kBlockM = {block_m}, kBlockK = {block_k}, "
+             f"kThreads = {threads}, kVector = 8, kCodeWords = 2, kWarpMTiles = 1;", "}"]
+    for c in plan.components:
+        if isinstance(c, Rounding):
+            c = attrs.evolve(c, encoders=tuple(dict.fromkeys(c.encoders + (act.dtype,))))
+        elif isinstance(c, ElementCode):
+            c = attrs.evolve(c, convert=None)
+        elif type(c).__name__ == "VectorIO" or isinstance(c, BlockScaleRule):
+            pass
+        elif isinstance(c, ATile8Quantize):
+            c = attrs.evolve(c, block_k=block_k)
+        else:
+            continue
+        parts.append(env.get_template(c.template).render(**c.context()))
+    src = tmp_path / "tile.cpp"
+    src.write_text("\n".join(parts) + HOST_TILE_MAIN)
+    exe = tmp_path / "tile"
+    subprocess.run([CXX, "-O1", "-std=c++17", "-ffp-contract=off", str(src), "-o", str(exe)], check=True,
+                   capture_output=True, text=True)
+    g = torch.Generator().manual_seed(m * k + threads)
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, m).reshape(-1, 1)).to(torch.bfloat16)
+    ref = act.quantize(x.float())
+    codes = ref.codes.view(torch.uint8) if ref.codes.dtype == torch.int8 else ref.codes
+    scales = torch.ones(block_m)
+    scales[:m] = ref.scales.reshape(-1)
+    xbits = x.view(torch.int16).to(torch.int64).bitwise_and(0xFFFF).reshape(-1).tolist()
+    stdin = f"{m} {k} {k0}\n" + " ".join(map(str, xbits)) + "\n" + " ".join(map(str, _bits(scales)))
+    got = [int(v) for v in subprocess.run([str(exe)], input=stdin, capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    swizzle = min(8, block_k // 16) - 1
+    want = [None] * (block_m * block_k)
+    for r in range(block_m):
+        for kk in range(block_k):
+            pos = (r * (block_k // 16) + ((kk // 16) ^ (r & swizzle))) * 16 + kk % 16
+            want[pos] = int(codes[r, k0 + kk]) if r < m and k0 + kk < k else 0
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    assert not bad, f"{len(bad)} bytes differ, first at {bad[:4]}: got {[got[i] for i in bad[:4]]} want " \
+                    f"{[want[i] for i in bad[:4]]}"
