@@ -45,7 +45,7 @@ class QuantLinear(torch.nn.Module):
     MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels where every row's
     exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
     quantize_in_gemm=True (opt-in, GPU-untested): the standard-pipeline buckets of M <= 16 with dynamic per-token
-    fp8 / int8 activations run kernels that quantize x in their loader (TuningConfig.a_load='quantize'): one
+    or static per-tensor fp8 / int8 activations run kernels that quantize x in their loader (TuningConfig.a_load='quantize'): one
     launch per call instead of two, no codes or scales allocated (`quantizes_in_gemm` lists the buckets).
     """
 
@@ -101,7 +101,8 @@ class QuantLinear(torch.nn.Module):
         if quantize_in_gemm and self.activation_scheme is not None and not batch_invariant:
             from humming_gen.pipelines.standard.compose_a8 import quantize_a_plan
 
-            self.tunings = quantize_a_plan(self.tunings, self.layer_config, self.target)
+            self.tunings = quantize_a_plan(self.tunings, self.layer_config, self.target,
+                                           static_scale=self._static_scale is not None)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
 
@@ -262,7 +263,7 @@ class QuantLinear(torch.nn.Module):
         for (m_max, launcher), fused in zip(self._launchers, self.quantizes_in_gemm):
             if m_max is None or m <= m_max:
                 if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
-                    launcher(self._activation_rows(x), c)
+                    launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
                     return
                 break
         k = self.in_features

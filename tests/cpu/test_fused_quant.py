@@ -31,6 +31,10 @@ FUSED_NAMES = ("quantize_token_scales", "fetch_a_stage", "store_a_stage", "Token
                "ATile8Quantize", "quantize_vector")
 
 
+INT8_TENSOR = hg.QuantScheme("int8", granularity="channel", scale_dtype="float32",
+                             activation=hg.ActivationScheme("int8", granularity="tensor"))
+
+
 def _plan(scheme: str, target: str, m: int, a_load: str = "quantize", n: int = 4096, k: int = 4096, **kw):
     layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
     t = choose_tunings(layer, get_target(target), stored=False).for_m(m)
@@ -65,6 +69,17 @@ def test_the_option_renders_only_its_branch(scheme: str) -> None:
     assert frag[:frag.index("\n}\n")] in _body(plain)
 
 
+def test_per_tensor_scales_are_static_in_the_loader() -> None:
+    """Per-tensor activation scales: the loader reads the static scale (a checkpoint's input_scale) from p.a_scale,
+    the epilogue multiplies by it as for quantize_activation's codes; no amax pass, no shared token scales."""
+    body = _body(_source("w8a8-fp8-tensor", "sm_90a", 1))
+    assert "load_tensor_scale(static_cast<const float*>(p.a_scale));" in body
+    assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in body  # the epilogue's
+    for name in ("quantize_token_scales", "TokenScalesSmem", "a_amax_smem", "block_scale"):
+        assert name not in body, name
+    assert "fp32 static activation scale [1]" in body
+
+
 def test_only_fp8_renders_the_fp8_conversion() -> None:
     assert "cvt_e4m3x2" in _source("w8a8-fp8-channel", "sm_90a", 16)
     src = _source("w8a8-int8-channel", "sm_90a", 16)
@@ -92,7 +107,9 @@ def test_element_and_scale_code_are_the_quantize_kernels(scheme: str, dtype: str
     ("w8a8-int8-channel", "sm_80", 1, "bfloat16", True), ("w8a8-int8-channel", "sm_80", 16, "float16", False),
     ("w8a8-fp8-channel", "sm_89", 1, "bfloat16", True), ("w8a8-int8-channel", "sm_89", 16, "bfloat16", False),
     ("w8a8-fp8-channel", "sm_90a", 1, "bfloat16", True), ("w8a8-fp8-channel", "sm_90a", 16, "float16", False),
-    ("w8a8-int8-channel", "sm_90a", 1, "float16", True), ("w8a8-int8-channel", "sm_90a", 16, "bfloat16", False)])
+    ("w8a8-int8-channel", "sm_90a", 1, "float16", True), ("w8a8-int8-channel", "sm_90a", 16, "bfloat16", False),
+    ("w8a8-fp8-tensor", "sm_90a", 16, "bfloat16", True), ("w8a8-fp8-tensor", "sm_89", 1, "float16", False),
+    (INT8_TENSOR, "sm_80", 16, "bfloat16", True)], ids=str)
 def test_compiles_without_spills(scheme, target, m, dtype, bias) -> None:
     kernel = build(_plan(scheme, target, m, dtype=dtype, has_bias=bias))
     assert_no_spills(kernel, (scheme, target, m))
@@ -100,8 +117,7 @@ def test_compiles_without_spills(scheme, target, m, dtype, bias) -> None:
 
 
 @pytest.mark.parametrize("scheme,needle", [
-    ("w8a8-fp8-tensor", "per-token scales"), ("w8a8-fp8-block128", "per-token scales"),
-    ("w4a4-nvfp4", "quantizes to")])
+    ("w8a8-fp8-block128", "per-token scales"), ("w8a8-mxfp8", "per-token scales"), ("w4a4-nvfp4", "quantizes to")])
 def test_unserved_schemes_are_refused(scheme: str, needle: str) -> None:
     with pytest.raises(ComposeError, match=needle):
         _plan(scheme, "sm_90a", 1)
@@ -179,6 +195,17 @@ def test_quantlinear_keeps_unserved_schemes_unfused() -> None:
     assert not any(layer.quantizes_in_gemm)
 
 
+def test_quantlinear_fuses_per_tensor_scales_only_when_static() -> None:
+    """A dynamic per-tensor scale is the amax of every row (a kernel of its own); a checkpoint's static one fuses."""
+    qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(256, 512))
+    dynamic = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu", quantize_in_gemm=True)
+    assert not any(dynamic.quantizes_in_gemm)
+    qw.input_scale = torch.tensor([4.0 / 448])
+    static = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu", quantize_in_gemm=True)
+    assert static.quantizes_in_gemm == [m is not None and m <= 16 for m, _ in static.tunings.buckets]
+    assert any(static.quantizes_in_gemm)
+
+
 def test_quantize_a_plan_leaves_large_m_alone() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
     plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
@@ -222,7 +249,7 @@ int main() {
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
-@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel", "w8a8-fp8-tensor"])
 @pytest.mark.parametrize("threads,m,k,k0", [(64, 5, 200, 128), (96, 8, 256, 0), (256, 1, 136, 128)])
 def test_loader_writes_the_8bit_tile_layout_on_the_host(scheme, threads, m, k, k0, tmp_path) -> None:
     """fetch_a_stage + store_a_stage as rendered (software conversion), run thread by thread on the host on a bf16
@@ -241,7 +268,7 @@ def test_loader_writes_the_8bit_tile_layout_on_the_host(scheme, threads, m, k, k
             c = attrs.evolve(c, encoders=tuple(dict.fromkeys(c.encoders + (act.dtype,))))
         elif isinstance(c, ElementCode):
             c = attrs.evolve(c, convert=None)
-        elif type(c).__name__ == "VectorIO" or isinstance(c, BlockScaleRule):
+        elif type(c).__name__ in ("VectorIO", "StaticScale") or isinstance(c, BlockScaleRule):
             pass
         elif isinstance(c, ATile8Quantize):
             c = attrs.evolve(c, block_k=block_k)
@@ -255,10 +282,16 @@ def test_loader_writes_the_8bit_tile_layout_on_the_host(scheme, threads, m, k, k
                    capture_output=True, text=True)
     g = torch.Generator().manual_seed(m * k + threads)
     x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, m).reshape(-1, 1)).to(torch.bfloat16)
-    ref = act.quantize(x.float())
+    if act.granularity == "tensor":  # a static scale (the loader copies it beside every row)
+        from humming_gen.schemes.quantize import quantize_activation
+
+        ref = quantize_activation(act, x.float(), static_scale=torch.tensor([0.37]))
+        scales = torch.full((block_m,), 0.37)
+    else:
+        ref = act.quantize(x.float())
+        scales = torch.ones(block_m)
+        scales[:m] = ref.scales.reshape(-1)
     codes = ref.codes.view(torch.uint8) if ref.codes.dtype == torch.int8 else ref.codes
-    scales = torch.ones(block_m)
-    scales[:m] = ref.scales.reshape(-1)
     xbits = x.view(torch.int16).to(torch.int64).bitwise_and(0xFFFF).reshape(-1).tolist()
     stdin = f"{m} {k} {k0}\n" + " ".join(map(str, xbits)) + "\n" + " ".join(map(str, _bits(scales)))
     got = [int(v) for v in subprocess.run([str(exe)], input=stdin, capture_output=True, text=True,
@@ -272,3 +305,18 @@ def test_loader_writes_the_8bit_tile_layout_on_the_host(scheme, threads, m, k, k
     bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
     assert not bad, f"{len(bad)} bytes differ, first at {bad[:4]}: got {[got[i] for i in bad[:4]]} want " \
                     f"{[want[i] for i in bad[:4]]}"
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-fp8-tensor"])
+def test_symbol_declarations_match_the_rendered_source(scheme: str) -> None:
+    """As tests/cpu/test_component_symbols.py for the fused kernels' own components (the activation-quantization
+    components they reuse declare no symbols, as in the quantize kernels)."""
+    from humming_gen.pipelines.common import missing_symbols
+    from symbols import declaration_mismatches
+
+    reused = ("ScalarPtx", "Rounding", "BlockScaleRule", "StaticScale", "ElementCode", "VectorIO")
+    for m in (1, 16):
+        plan = _plan(scheme, "sm_90a", m, has_bias=m == 1)
+        wrong = {k: v for k, v in declaration_mismatches(plan).items() if not k.split("(")[0].endswith(reused)}
+        assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
+        assert missing_symbols(plan.components) == []

@@ -67,6 +67,27 @@ def test_fused_equals_unfused_and_reference(scheme: str, n: int, k: int, dtype: 
         assert worst < ELEMENT_TOL[dtype], f"m={m}: largest element error {worst:.3g} of max |ref|"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fused_static_tensor_scale(dtype: torch.dtype) -> None:
+    """A checkpoint's static per-tensor input_scale: the loader divides by it (|x| beyond 4 saturates)."""
+    torch.manual_seed(5)
+    n, k = 1024, 2048
+    qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(n, k, device="cuda") * 0.05)
+    qw.input_scale = torch.tensor([4.0 / 448], device="cuda")
+    fused = hg.QuantLinear.from_quantized(qw, dtype=dtype, quantize_in_gemm=True)
+    plain = hg.QuantLinear.from_quantized(qw, dtype=dtype)
+    assert any(fused.quantizes_in_gemm)
+    for m in (1, 5, 16):
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        x[0, :7] *= 30
+        y, y0 = _poisoned(fused, m), _poisoned(plain, m)
+        fused(x, out=y)
+        plain(x, out=y0)
+        assert torch.equal(y, y0), m
+        ref = reference_gemm(x.double(), qw)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < TOLERANCE[dtype], m
+
+
 def test_fused_strided_and_3d_input() -> None:
     """A row-strided view and (batch, seq, K) inputs: read in place where aligned, else copied (_activation_rows)."""
     torch.manual_seed(3)

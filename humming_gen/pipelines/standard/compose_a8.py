@@ -190,9 +190,10 @@ def quantize_a_reasons(layer: LayerConfig, tuning: TuningConfig, compute: Comput
         return ["a_load='quantize' needs a scheme with quantized activations"]
     if a.dtype.name not in QUANTIZE_A_FORMATS:
         reasons.append(f"a_load='quantize' quantizes to {', '.join(QUANTIZE_A_FORMATS)}, got {a.dtype.name}")
-    if a.granularity != "token" or a.global_scale or a.scale_dtype.name != "float32":
-        reasons.append(f"a_load='quantize' computes dynamic fp32 per-token scales, got {a.granularity} "
-                       f"{a.scale_dtype.name} scales" + (" with a global scale" if a.global_scale else ""))
+    if a.granularity not in ("token", "tensor") or a.global_scale or a.scale_dtype.name != "float32":
+        reasons.append(f"a_load='quantize' computes dynamic fp32 per-token scales or reads a static fp32 per-tensor "
+                       f"scale, got {a.granularity} {a.scale_dtype.name} scales"
+                       + (" with a global scale" if a.global_scale else ""))
     if layer.k % 8:
         reasons.append(f"a_load='quantize' reads x in 16-byte vectors: K must be a multiple of 8, got {layer.k}")
     if tuning.block_m > QUANTIZE_A_MAX_BLOCK_M:
@@ -202,11 +203,21 @@ def quantize_a_reasons(layer: LayerConfig, tuning: TuningConfig, compute: Comput
     return reasons
 
 
-def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANTIZE_A_MAX_BLOCK_M):
+def static_a_scale(layer: LayerConfig) -> bool:
+    """A kernel with a_load='quantize' and per-tensor activation scales reads a static scale (p.a_scale[0], a
+    checkpoint's input_scale): a dynamic one needs the amax of all rows, which no CTA sees alone."""
+    return layer.scheme.activation.granularity == "tensor"
+
+
+def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANTIZE_A_MAX_BLOCK_M,
+                    static_scale: bool = False):
     """`plan` with a_load='quantize' in every standard-pipeline bucket of M <= max_m that can take it (the others
-    unchanged): those kernels read x and quantize it themselves."""
+    unchanged): those kernels read x and quantize it themselves. Per-tensor activation scales only where the layer
+    has a static one (`static_scale`)."""
     from humming_gen.pipelines.base import TuningPlan
 
+    if static_a_scale(layer) and not static_scale:
+        return plan
     buckets = []
     for m_max, t in plan.buckets:
         if (m_max is not None and m_max <= max_m and t.pipeline == "standard" and t.mma == MMA
@@ -233,17 +244,17 @@ def activation_name(layer: LayerConfig) -> str:
 
 def quantize_a_components(layer: LayerConfig, target: Target) -> list[Component]:
     """The activation-quantization kernel's ptx helpers, scale rule, element code and vector loads for this layer's
-    per-token scheme (humming_gen.activation.kernel.components, without its kernel entry), so that the loader's codes
-    and scales are those of humming_gen.quantize_activation. to_float comes from CvtScalar where the layer has a bias
-    (the same conversion), else from ScalarPtx."""
-    from humming_gen.activation.components import ElementCode, BlockScaleRule, Rounding, ScalarPtx, VectorIO
+    scheme (humming_gen.activation.kernel.components, without its kernel entry), so that the loader's codes and
+    scales are those of humming_gen.quantize_activation. to_float comes from CvtScalar (the same conversion)."""
+    from humming_gen.activation.components import (BlockScaleRule, ElementCode, Rounding, ScalarPtx, StaticScale,
+                                                   VectorIO)
     from humming_gen.activation.kernel import QuantizeConfig, components
 
-    cfg = QuantizeConfig(scheme=layer.scheme.activation, input_dtype=layer.dtype, target=target)
-    keep = (ScalarPtx, Rounding, BlockScaleRule, ElementCode, VectorIO)
+    cfg = QuantizeConfig(scheme=layer.scheme.activation, input_dtype=layer.dtype, target=target,
+                         static=static_a_scale(layer))
+    keep = (ScalarPtx, Rounding, BlockScaleRule, StaticScale, ElementCode, VectorIO)
     out = [c for c in components(cfg) if isinstance(c, keep)]
-    return [attrs.evolve(c, input_dtype="" if layer.has_bias else layer.dtype) if isinstance(c, ScalarPtx) else c
-            for c in out]
+    return [attrs.evolve(c, input_dtype="") if isinstance(c, ScalarPtx) else c for c in out]
 
 
 def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None, fold: bool = False,
@@ -277,7 +288,10 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
     shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
     rows = " (rows of a)" if gather and a.granularity != "tensor" else ""
     kind = "e8m0 (byte)" if activation_e8m0(layer) else "fp32"
-    if not quantize_a:
+    if quantize_a and a.granularity == "tensor":
+        out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, "fp32 static activation scale [1] (a "
+                             "checkpoint's input_scale): x is divided by it"))
+    elif not quantize_a:
         out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"{kind} activation scales {shape}{rows}"))
     if layer.has_bias:
         out.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {layer.dtype}"))
@@ -362,7 +376,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToE4m3(weight=s.weight))
     if quantize_a:  # the activation-quantization kernel's own scale rule and element code (bit-identical codes)
         numeric = quantize_a_components(layer, target) + numeric
-    a_tile = (ATile8Quantize(dtype=layer.dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8) if quantize_a else
+    static = quantize_a and static_a_scale(layer)
+    a_tile = (ATile8Quantize(dtype=layer.dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, static_scale=static)
+              if quantize_a else
               ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather))
     memory: list[Component] = [a_tile,
                                BTileShared8() if order is None else BTilePairShared4(),
@@ -383,7 +399,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
                                 token_scale="" if agroups else a.granularity, row_map=gather,
                                 topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
-                                token_scale_smem=quantize_a))
+                                token_scale_smem=quantize_a and not static))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, n_pad)
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
@@ -394,9 +410,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                   pdl=pdl, nibbles=order is not None, expert_tensors=experts,
-                                  grouped=moe and not gather, s4=s4, quantize_a=quantize_a)
+                                  grouped=moe and not gather, s4=s4, quantize_a=quantize_a,
+                                  static_a_scale=static)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
+    # (a_load='quantize': CvtScalar's to_float reads x too)
+    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias or quantize_a,
+                                    warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)
