@@ -257,8 +257,6 @@ class QuantLinear(torch.nn.Module):
         """Quantize x's rows on the GPU (humming_gen.quantize_activation: codes in rows of 16-byte stride, fp32
         scales; it triggers PDL, so the GEMM's weight prefetch overlaps it) and run the GEMM on the codes; or, for
         the buckets whose kernel quantizes in its loader (quantize_in_gemm=True), run that kernel on x."""
-        from humming_gen.activation import quantize_activation
-
         m = c.shape[0]
         for (m_max, launcher), fused in zip(self._launchers, self.quantizes_in_gemm):
             if m_max is None or m <= m_max:
@@ -266,6 +264,8 @@ class QuantLinear(torch.nn.Module):
                     launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
                     return
                 break
+        from humming_gen.activation import quantize_activation
+
         k = self.in_features
         a = _as_rows(x, k)
         if a is None:

@@ -320,3 +320,89 @@ def test_symbol_declarations_match_the_rendered_source(scheme: str) -> None:
         wrong = {k: v for k, v in declaration_mismatches(plan).items() if not k.split("(")[0].endswith(reused)}
         assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
         assert missing_symbols(plan.components) == []
+
+
+HOST_SCALES = r"""
+#include <barrier>
+#include <thread>
+constexpr int kHostThreads = HOST_THREADS;
+thread_local struct ThreadIdx { unsigned x; } threadIdx;
+#define __shared__
+#define __align__(n) alignas(n)
+static std::barrier<> block_barrier(kHostThreads);
+static std::vector<std::barrier<>*> warp_barriers;
+static u32 lane_slots[kHostThreads];
+static inline void __syncthreads() { block_barrier.arrive_and_wait(); }
+static inline u32 warp_max_xor(u32 v, int lane_mask) {  // shfl.sync.bfly + max, lane-synchronous
+  std::barrier<>& b = *warp_barriers[threadIdx.x / 32];
+  lane_slots[threadIdx.x] = v;
+  b.arrive_and_wait();
+  const u32 d = lane_slots[(threadIdx.x & ~31u) | ((threadIdx.x % 32) ^ lane_mask)];
+  b.arrive_and_wait();
+  return v > d ? v : d;
+}
+static inline u32 smem_address(const void*) { return 0u; }
+static inline void ldmatrix_x4(u32 (&)[4], u32) {}
+static inline void ldmatrix_x2(u32 (&)[2], u32) {}
+static inline float to_float(u16 x) { return bits_f32(static_cast<u32>(x) << 16); }  // bf16
+"""
+
+HOST_SCALES_MAIN = r"""
+int main() {
+  int m, k, m0;
+  std::scanf("%d %d %d", &m, &k, &m0);
+  std::vector<u16> x(static_cast<size_t>(m) * k);
+  for (auto& v : x) { unsigned b; std::scanf("%u", &b); v = static_cast<u16>(b); }
+  for (int w = 0; w < kHostThreads / 32; ++w) warp_barriers.push_back(new std::barrier<>(32));
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kHostThreads; ++t)
+    threads.emplace_back([&, t] { threadIdx.x = t; quantize_token_scales(x.data(), k, m, k, m0); });
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < cfg::kBlockM; ++r) std::printf("%u ", f32_bits(a_token_scale_smem[r]));
+  std::printf("\n");
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-int8-channel"])
+@pytest.mark.parametrize("threads,block_m,m,m0,k", [(64, 8, 5, 0, 1000), (128, 16, 21, 16, 4096),
+                                                    (64, 16, 16, 0, 8)])
+def test_token_scales_on_the_host(scheme, threads, block_m, m, m0, k, tmp_path) -> None:
+    """quantize_token_scales as rendered, one host thread per CUDA thread (barriers and warp shuffles emulated):
+    the tile's rows m0.. get ActivationScheme.quantize's fp32 token scales bit for bit, rows >= m a zero row's."""
+    from humming_gen.pipelines.standard.loaders import ATile8Quantize
+
+    plan = _plan(scheme, "sm_80" if "int8" in scheme else "sm_89", 1)
+    act = hg.scheme(scheme).activation
+    env = environment()
+    parts = [PRELUDE.replace("#include <vector>", "#include <vector>\n#include <barrier>"),
+             HOST_SCALES.replace("HOST_THREADS", str(threads)), "namespace cfg {",
+             f"constexpr int kBlockM = {block_m}, kBlockK = 128, kThreads = {threads}, kVector = 8, kCodeWords = 2, "
+             f"kWarpMTiles = 1;", "}"]
+    for c in plan.components:
+        if isinstance(c, Rounding):
+            c = attrs.evolve(c, encoders=tuple(dict.fromkeys(c.encoders + (act.dtype,))))
+        elif isinstance(c, ElementCode):
+            c = attrs.evolve(c, convert=None)
+        elif not (type(c).__name__ == "VectorIO" or isinstance(c, (BlockScaleRule, ATile8Quantize))):
+            continue
+        parts.append(env.get_template(c.template).render(**c.context()))
+    src = tmp_path / "scales.cpp"
+    src.write_text("\n".join(parts) + HOST_SCALES_MAIN)
+    exe = tmp_path / "scales"
+    subprocess.run([CXX, "-O1", "-std=c++20", "-pthread", "-ffp-contract=off", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    g = torch.Generator().manual_seed(m * k + threads)
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-3, 3, m).reshape(-1, 1)).to(torch.bfloat16)
+    if m > m0 + 2:
+        x[m0 + 2] = 0  # a zero row (fp8: vLLM's floor scale; int8: 1)
+        x[m0, k - 1] = -1e4  # the amax in the row's last vector
+    xbits = x.view(torch.int16).to(torch.int64).bitwise_and(0xFFFF).reshape(-1).tolist()
+    out = subprocess.run([str(exe)], input=f"{m} {k} {m0}\n" + " ".join(map(str, xbits)), capture_output=True,
+                         text=True, check=True, timeout=60).stdout.split()
+    ref = act.quantize(x.float()).scales.reshape(-1)
+    zero = act.quantize(torch.zeros(1, k)).scales.reshape(1)  # rows >= m: amax 0 (their codes are 0 anyway)
+    want = [_bits(ref[m0 + r].reshape(1))[0] if m0 + r < m else _bits(zero)[0] for r in range(block_m)]
+    assert [int(v) for v in out] == want

@@ -50,7 +50,7 @@ def test_fused_equals_unfused_and_reference(scheme: str, n: int, k: int, dtype: 
         x = torch.randn(m, k, device="cuda").to(dtype)
         x[0, : min(7, k)] *= 30  # an outlier row: per-token scales differ by an order of magnitude
         if m > 2:
-            x[2] = 0  # a zero row: scale 1, codes 0
+            x[2] = 0  # a zero row: codes 0
         y, y0 = _poisoned(fused, m), _poisoned(plain, m)
         fused(x, out=y)
         plain(x, out=y0)
