@@ -109,7 +109,11 @@ def test_element_and_scale_code_are_the_quantize_kernels(scheme: str, dtype: str
     ("w8a8-fp8-channel", "sm_90a", 1, "bfloat16", True), ("w8a8-fp8-channel", "sm_90a", 16, "float16", False),
     ("w8a8-int8-channel", "sm_90a", 1, "float16", True), ("w8a8-int8-channel", "sm_90a", 16, "bfloat16", False),
     ("w8a8-fp8-tensor", "sm_90a", 16, "bfloat16", True), ("w8a8-fp8-tensor", "sm_89", 1, "float16", False),
-    (INT8_TENSOR, "sm_80", 16, "bfloat16", True)], ids=str)
+    (INT8_TENSOR, "sm_80", 16, "bfloat16", True),
+    # W4A8: nibble weights widened in registers; the loader is the same
+    ("w4a8-mxfp4-fp8", "sm_90a", 1, "bfloat16", True), ("w4a8-int4-g128-int8", "sm_90a", 16, "float16", False),
+    ("w4a8-int4-g128-fp8", "sm_89", 16, "bfloat16", True), ("w4a8-int4-channel-int8", "sm_80", 1, "bfloat16", True)],
+    ids=str)
 def test_compiles_without_spills(scheme, target, m, dtype, bias) -> None:
     kernel = build(_plan(scheme, target, m, dtype=dtype, has_bias=bias))
     assert_no_spills(kernel, (scheme, target, m))

@@ -21,9 +21,13 @@ TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}  # as tests/gpu/test_lin
 ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
+W4A8 = ("w4a8-mxfp4-fp8", "w4a8-int4-g128-int8")  # nibble weights; K a multiple of their group (128)
+W4A8_SHAPES = ((1024, 2048), (576, 7168), (8192, 8192))
+
+
 def _cases():
-    for scheme in SCHEMES:
-        for n, k in SHAPES:
+    for scheme in SCHEMES + W4A8:
+        for n, k in (W4A8_SHAPES if scheme in W4A8 else SHAPES):
             for dtype in (torch.bfloat16, torch.float16):
                 for bias in (False, True):
                     dt = "bf16" if dtype == torch.bfloat16 else "fp16"
