@@ -27,6 +27,9 @@ MMA_PIPELINES = {"wgmma": ("warp_specialized",), "tcgen05": ("umma",), "ppu_m16n
 MMA_SYNC_PIPELINES = ("standard", "warp_specialized")
 
 LOADS = ("cp_async", "tma", "tma_multicast")
+# a_load only: the standard pipeline's 8-bit-activation kernels read the 16-bit activations and quantize them per
+# token in their loader (no separate quantize kernel; pipelines.standard.compose_a8)
+A_LOADS = LOADS + ("quantize",)
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
 RASTERS = ("n_major", "m_major", "m_band")  # m_band: persistent grids walk bands of BAND_M m tiles m-fastest
 BAND_M = 8
@@ -85,7 +88,7 @@ class TuningConfig(JsonConfig):
         check_int(o, "stages", self.stages, lo=MIN_STAGES, hi=MAX_STAGES,
                   why="the cp.async ring computes on one stage while the next is copied, so it needs at least 2")
         for name in ("a_load", "b_load", "scale_load"):
-            check_choice(o, name, getattr(self, name), LOADS)
+            check_choice(o, name, getattr(self, name), A_LOADS if name == "a_load" else LOADS)
         check_int(o, "ctas_per_sm", self.ctas_per_sm, lo=1, hi=4)
         check_int(o, "split_k", self.split_k, lo=1, hi=MAX_SPLIT_K,
                   why="k slices; the schedule's 32-bit tile arithmetic holds up to 512")
@@ -113,9 +116,12 @@ class TuningConfig(JsonConfig):
         if self.pipeline not in pipelines:
             reasons.append(f"mma={self.mma!r} needs pipeline in {pipelines}, got pipeline={self.pipeline!r}")
         for name in ("a_load", "b_load", "scale_load"):
-            if getattr(self, name) != "cp_async" and self.pipeline not in TMA_PIPELINES:
+            if getattr(self, name) not in ("cp_async", "quantize") and self.pipeline not in TMA_PIPELINES:
                 reasons.append(f"{name}={getattr(self, name)!r} needs pipeline in {TMA_PIPELINES}, "
                                f"got pipeline={self.pipeline!r}")
+        if self.a_load == "quantize" and self.pipeline != "standard":
+            reasons.append(f"a_load='quantize' (activations quantized in the loader) needs pipeline='standard', "
+                           f"got pipeline={self.pipeline!r}")
         if self.a_load == "tma_multicast" and self.cluster_n == 1:
             reasons.append("a_load='tma_multicast' needs cluster_n > 1 (the CTAs sharing an A tile)")
         if self.b_load == "tma_multicast" and self.cluster_m == 1:

@@ -44,13 +44,16 @@ class QuantLinear(torch.nn.Module):
     batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
     MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels where every row's
     exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
+    quantize_in_gemm=True (opt-in, GPU-untested): the standard-pipeline buckets of M <= 16 with dynamic per-token
+    or static per-tensor fp8 / int8 activations run kernels that quantize x in their loader (TuningConfig.a_load='quantize'): one
+    launch per call instead of two, no codes or scales allocated (`quantizes_in_gemm` lists the buckets).
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, *, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, tunings: TuningPlan | None = None,
                  out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False,
-                 batch_invariant: bool = False, strict: bool = False):
+                 batch_invariant: bool = False, strict: bool = False, quantize_in_gemm: bool = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.kernel import _resolve_target, build_many
@@ -95,6 +98,11 @@ class QuantLinear(torch.nn.Module):
             self.layer_config = attrs.evolve(self.layer_config, fold_scales=False)
             if tunings is None:  # the unfolded layer's own stored winners: the folded key's were timed folded
                 self.tunings = choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
+        if quantize_in_gemm and self.activation_scheme is not None and not batch_invariant:
+            from humming_gen.pipelines.standard.compose_a8 import quantize_a_plan
+
+            self.tunings = quantize_a_plan(self.tunings, self.layer_config, self.target,
+                                           static_scale=self._static_scale is not None)
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
 
@@ -121,6 +129,9 @@ class QuantLinear(torch.nn.Module):
         # One launcher per bucket, with weights, scales, bias and split-K scratch bound once.
         self._launchers = [(m_max, kernel.bind(self.weight, self.bias, self.device, m_max))
                            for m_max, kernel in self._buckets]
+        #: per bucket: its kernel reads x and quantizes it in its loader (TuningConfig.a_load='quantize'), so
+        #: forward launches it on x alone (no quantize_activation kernel, no codes or scales allocated)
+        self.quantizes_in_gemm = [t.a_load == "quantize" for _, t in self.tunings.buckets]
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
@@ -244,7 +255,15 @@ class QuantLinear(torch.nn.Module):
 
     def _launch_quantized(self, x: torch.Tensor, c: torch.Tensor) -> None:
         """Quantize x's rows on the GPU (humming_gen.quantize_activation: codes in rows of 16-byte stride, fp32
-        scales; it triggers PDL, so the GEMM's weight prefetch overlaps it) and run the GEMM on the codes."""
+        scales; it triggers PDL, so the GEMM's weight prefetch overlaps it) and run the GEMM on the codes; or, for
+        the buckets whose kernel quantizes in its loader (quantize_in_gemm=True), run that kernel on x."""
+        m = c.shape[0]
+        for (m_max, launcher), fused in zip(self._launchers, self.quantizes_in_gemm):
+            if m_max is None or m <= m_max:
+                if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
+                    launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
+                    return
+                break
         from humming_gen.activation import quantize_activation
 
         k = self.in_features

@@ -72,6 +72,9 @@ class StoreOutput(Component):
     # Quantized activations: their scale multiplies the output too, per token ("token": p.a_scale[m]) or one per
     # tensor ("tensor": p.a_scale[0]); "" without.
     token_scale: str = option_field("")
+    # Per-token scales computed in the kernel (a_load='quantize'): read from shared memory (TokenScalesSmem)
+    # instead of p.a_scale.
+    token_scale_smem: bool = option_field()
     # MoE (indexed): tile row m is assignment sorted_ids[m], the row of c it writes (padding rows are skipped), and
     # its per-token activation scale is that of row sorted_ids[m] / top_k of a; topk_weight: times the assignment's
     # router weight.
@@ -98,6 +101,8 @@ class StoreOutput(Component):
             raise ValueError("StoreOutput.topk_weight needs row_map (an MoE kernel)")
         if self.token_scale not in ("", "token", "tensor"):
             raise ValueError(f"StoreOutput.token_scale must be '', 'token' or 'tensor', got {self.token_scale!r}")
+        if self.token_scale_smem and (self.token_scale != "token" or self.row_map):
+            raise ValueError("StoreOutput.token_scale_smem needs token_scale='token' and no row_map (dense)")
         if self.tile_rows and not self.row_map:
             raise ValueError("StoreOutput.tile_rows needs row_map (MoE)")
 
@@ -113,7 +118,8 @@ class StoreOutput(Component):
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"Params"} | ({"from_float"} if self.out_dtype != "float32" else set())
+        return frozenset({"Params"} | ({"TokenScalesSmem"} if self.token_scale_smem else set())
+                         | ({"from_float"} if self.out_dtype != "float32" else set())
                          | ({"to_float"} if self.bias else set()))
 
     def extra_context(self) -> dict:
@@ -126,6 +132,8 @@ class StoreOutput(Component):
         suffix = (" * scale" if self.out_scale else "") + token + (" + bias" if self.bias else "")
         decl = {"": "", "token": "const float* a_scale = static_cast<const float*>(p.a_scale);  // [m]",
                 "tensor": "const float a_scale = *static_cast<const float*>(p.a_scale);"}[self.token_scale]
+        if self.token_scale_smem:
+            decl = "const TokenScalesSmem a_scale{};  // [m]: the scales the loader computed, in shared memory"
         value = "acc[nt][mt][2 * half + j]" + suffix
         gated_value = "gated_activation(gate, up)"
         if self.topk_weight:

@@ -41,7 +41,7 @@ from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, LDA,
 from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scale, kernel_name, missing_features,
                                           missing_symbols, padded_k, routing_args, split_k_constants, split_k_reasons,
                                           top_k_args)
-from humming_gen.pipelines.standard.loaders import ATile8CpAsync, BTileCpAsync
+from humming_gen.pipelines.standard.loaders import ATile8CpAsync, ATile8Quantize, BTileCpAsync
 from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_schedule
 from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutS4
@@ -169,11 +169,62 @@ def tuning_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
                        f"{mma_of(layer)!r}")
     if t.stream_k:
         reasons.append("tuning.stream_k: the standard pipeline uses split_k")
-    if t.a_load != "cp_async" or t.b_load != "cp_async" or t.scale_load != "cp_async":
-        reasons.append("the standard pipeline loads every tensor with cp_async")
+    if t.a_load not in ("cp_async", "quantize") or t.b_load != "cp_async" or t.scale_load != "cp_async":
+        reasons.append("the standard pipeline loads every tensor with cp_async (activations: or a_load='quantize')")
+    if t.a_load == "quantize":
+        reasons += quantize_a_reasons(layer, t)
     if t.cluster_m * t.cluster_n != 1:
         reasons.append("the standard pipeline launches no clusters (cluster_m = cluster_n = 1)")
     return reasons
+
+
+QUANTIZE_A_MAX_BLOCK_M = 16  # a_load='quantize': a thread keeps one amax per tile row in registers
+QUANTIZE_A_FORMATS = ("float8e4m3", "float8e5m2", "int8")
+
+
+def quantize_a_reasons(layer: LayerConfig, tuning: TuningConfig, compute: ComputeConfig | None = None) -> list[str]:
+    """What keeps a kernel from quantizing its 16-bit activations in the loader (TuningConfig.a_load='quantize')."""
+    a = layer.scheme.activation
+    reasons = []
+    if a is None:
+        return ["a_load='quantize' needs a scheme with quantized activations"]
+    if a.dtype.name not in QUANTIZE_A_FORMATS:
+        reasons.append(f"a_load='quantize' quantizes to {', '.join(QUANTIZE_A_FORMATS)}, got {a.dtype.name}")
+    if a.granularity not in ("token", "tensor") or a.global_scale or a.scale_dtype.name != "float32":
+        reasons.append(f"a_load='quantize' computes dynamic fp32 per-token scales or reads a static fp32 per-tensor "
+                       f"scale, got {a.granularity} {a.scale_dtype.name} scales"
+                       + (" with a global scale" if a.global_scale else ""))
+    if layer.k % 8:
+        reasons.append(f"a_load='quantize' reads x in 16-byte vectors: K must be a multiple of 8, got {layer.k}")
+    if tuning.block_m > QUANTIZE_A_MAX_BLOCK_M:
+        reasons.append(f"a_load='quantize' is for small M: block_m <= {QUANTIZE_A_MAX_BLOCK_M}, got {tuning.block_m}")
+    if compute is not None and compute.gemm != "dense":
+        reasons.append(f"a_load='quantize' serves dense GEMMs, got gemm={compute.gemm!r}")
+    return reasons
+
+
+def static_a_scale(layer: LayerConfig) -> bool:
+    """A kernel with a_load='quantize' and per-tensor activation scales reads a static scale (p.a_scale[0], a
+    checkpoint's input_scale): a dynamic one needs the amax of all rows, which no CTA sees alone."""
+    return layer.scheme.activation.granularity == "tensor"
+
+
+def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANTIZE_A_MAX_BLOCK_M,
+                    static_scale: bool = False):
+    """`plan` with a_load='quantize' in every standard-pipeline bucket of M <= max_m that can take it (the others
+    unchanged): those kernels read x and quantize it themselves. Per-tensor activation scales only where the layer
+    has a static one (`static_scale`)."""
+    from humming_gen.pipelines.base import TuningPlan
+
+    if static_a_scale(layer) and not static_scale:
+        return plan
+    buckets = []
+    for m_max, t in plan.buckets:
+        if (m_max is not None and m_max <= max_m and t.pipeline == "standard" and t.mma == MMA
+                and not quantize_a_reasons(layer, t)):
+            t = attrs.evolve(t, a_load="quantize")
+        buckets.append((m_max, t))
+    return TuningPlan(buckets=tuple(buckets))
 
 
 def activation_e8m0(layer: LayerConfig) -> bool:
@@ -191,8 +242,23 @@ def activation_name(layer: LayerConfig) -> str:
     return f"{a.dtype.name}{gran}"
 
 
-def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None, fold: bool = False
-         ) -> tuple[KernelArg, ...]:
+def quantize_a_components(layer: LayerConfig, target: Target) -> list[Component]:
+    """The activation-quantization kernel's ptx helpers, scale rule, element code and vector loads for this layer's
+    scheme (humming_gen.activation.kernel.components, without its kernel entry), so that the loader's codes and
+    scales are those of humming_gen.quantize_activation. to_float comes from CvtScalar (the same conversion)."""
+    from humming_gen.activation.components import (BlockScaleRule, ElementCode, Rounding, ScalarPtx, StaticScale,
+                                                   VectorIO)
+    from humming_gen.activation.kernel import QuantizeConfig, components
+
+    cfg = QuantizeConfig(scheme=layer.scheme.activation, input_dtype=layer.dtype, target=target,
+                         static=static_a_scale(layer))
+    keep = (ScalarPtx, Rounding, BlockScaleRule, StaticScale, ElementCode, VectorIO)
+    out = [c for c in components(cfg) if isinstance(c, keep)]
+    return [attrs.evolve(c, input_dtype="") if isinstance(c, ScalarPtx) else c for c in out]
+
+
+def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None, fold: bool = False,
+         quantize_a: bool = False) -> tuple[KernelArg, ...]:
     """The Params fields, in struct order (with an MoE `compute`, its routing fields too). `fold`: the kernel reads
     the folded group scales (exponent deltas, the row factor in out_scale) instead of the fp32 group scales."""
     s, a = layer.scheme, layer.scheme.activation
@@ -205,6 +271,8 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
         b_text = ("8-bit weight codes (humming_gen.schemes.packing.BLayout8)" if nibble_order(layer) is None
                   else f"{s.weight.name} codes as nibbles (humming_gen.schemes.packing.BLayoutNibble8, order "
                        f"{nibble_order(layer)})")
+    if quantize_a:
+        a_text = f"16-bit activations x (m, k) {layer.dtype}, row stride lda elements (quantized in the kernel)"
     out = [KernelArg("a", "const void*", ACTIVATION, a_text), KernelArg("b", "const void*", WEIGHT, b_text, tensor="b")]
     if fold:
         out.append(KernelArg("b_exponent", "const void*", WEIGHT, "exponent deltas of the e4m3 weight operand "
@@ -220,7 +288,11 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
     shape = {"token": "[m]", "group": "[m][k groups]", "tensor": "[1]"}[a.granularity]
     rows = " (rows of a)" if gather and a.granularity != "tensor" else ""
     kind = "e8m0 (byte)" if activation_e8m0(layer) else "fp32"
-    out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"{kind} activation scales {shape}{rows}"))
+    if quantize_a and a.granularity == "tensor":
+        out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, "fp32 static activation scale [1] (a "
+                             "checkpoint's input_scale): x is divided by it"))
+    elif not quantize_a:
+        out.append(KernelArg("a_scale", "const void*", ACTIVATION_SCALE, f"{kind} activation scales {shape}{rows}"))
     if layer.has_bias:
         out.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {layer.dtype}"))
     out.append(KernelArg("c", "void*", OUTPUT, f"output (m, n) {layer.out_dtype}, row stride ldc"))
@@ -230,7 +302,7 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
                           tensor="counters")]
     out += routing_args(compute) if compute is not None else []
     out += [KernelArg("m", "int", ROWS, "assignments (rows of c)" if gather else "rows of a and c"),
-            KernelArg("lda", "int", LDA, "row stride of a, bytes"),
+            KernelArg("lda", "int", LDA, "row stride of a, elements" if quantize_a else "row stride of a, bytes"),
             KernelArg("ldc", "int", LDC, "row stride of c, elements")]
     out += top_k_args(compute) if compute is not None else []
     return tuple(out)
@@ -270,6 +342,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                        f"(QuantMoE falls back to int8)")
     if s4 and reasons:
         raise compose_error(reasons)
+    quantize_a = t.a_load == "quantize"
+    if quantize_a:
+        reasons += [r for r in quantize_a_reasons(layer, t, compute) if r not in reasons]
     # int4 x int4: every tile, constant and group size below counts the operands' packed bytes (module docstring)
     kl = byte_layer(layer) if s4 else layer
     warp_m, warp_n, warp_k = t.block_m // t.warps_m, t.block_n // t.warps_n, t.block_k // t.warps_k
@@ -299,7 +374,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather),
+    if quantize_a:  # the activation-quantization kernel's own scale rule and element code (bit-identical codes)
+        numeric = quantize_a_components(layer, target) + numeric
+    static = quantize_a and static_a_scale(layer)
+    a_tile = (ATile8Quantize(dtype=layer.dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, static_scale=static)
+              if quantize_a else
+              ATile8CpAsync(block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather))
+    memory: list[Component] = [a_tile,
                                BTileShared8() if order is None else BTilePairShared4(),
                                BTileCpAsync(bits=b_layout.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
     if wgroups or agroups:
@@ -317,19 +398,24 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
                                 bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
                                 token_scale="" if agroups else a.granularity, row_map=gather,
-                                topk_weight=compute.topk_weight, gated=compute.epilogue_activation or ""))
+                                topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
+                                token_scale_smem=quantize_a and not static))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, n_pad)
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + moe_name_suffix(compute))
+    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + moe_name_suffix(compute)
+                       + ("_xq" if quantize_a else ""))
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                   pdl=pdl, nibbles=order is not None, expert_tensors=experts,
-                                  grouped=moe and not gather, s4=s4)
+                                  grouped=moe and not gather, s4=s4, quantize_a=quantize_a,
+                                  static_a_scale=static)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
+    # (a_load='quantize': CvtScalar's to_float reads x too)
+    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias or quantize_a,
+                                    warp_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)
@@ -358,9 +444,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += split_k_constants(t)
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if moe else []
+    if quantize_a:
+        constants += [("kVector", 8, "x elements per 16-byte load (quantized in the loader)"),
+                      ("kCodeWords", 2, "32-bit words of one vector's codes")]
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
-                      components=components, constants=tuple(constants), args=args(layer, t.split_k > 1, compute),
+                      components=components, constants=tuple(constants),
+                      args=args(layer, t.split_k > 1, compute, quantize_a=quantize_a),
                       layout=weight_layout(layer, BLayoutS4(block_n=b_layout.block_n, warps_n=b_layout.warps_n,
                                                             warp_k=b_layout.warp_k) if s4 else b_layout, n_pad),
                       group=None, shared_bytes=shared,

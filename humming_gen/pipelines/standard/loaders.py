@@ -94,3 +94,39 @@ class ATile8CpAsync(_ActivationTile, Component):
     warp_m_tiles: int
     gather: bool = option_field()  # MoE: rows gathered through the routing's sorted assignments (as ATileCpAsync)
     element_bytes: ClassVar[int] = 1
+
+
+@attrs.frozen
+class ATile8Quantize(_ActivationTile, Component):
+    """16-bit activations quantized per token in the loader (TuningConfig.a_load='quantize'): token scales from a
+    first pass over the CTA's rows (in shared memory, read by the epilogue through TokenScalesSmem), or a static
+    per-tensor scale (p.a_scale[0]; the epilogue reads it there as for the codes of quantize_activation), then each
+    stage's x tile fetched into registers ahead of the compute and encoded into ATile8CpAsync's code layout with
+    the activation-quantization kernel's own element code (humming_gen.activation.components: VectorIO,
+    BlockScaleRule, ElementCode), so the codes equal humming_gen.quantize_activation's bit for bit."""
+
+    template: ClassVar[str] = "pipelines/standard/a_tile8_quantize.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"ldmatrix"})
+    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "ldmatrix", "cvt_scalar")  # to_float (CvtScalar) reads x
+    dtype: str  # of x
+    block_k: int
+    warp_m_tiles: int
+    # a static per-tensor scale (p.a_scale[0], a checkpoint's input_scale) instead of dynamic per-token scales
+    static_scale: bool = False
+    gather: ClassVar[bool] = False
+    element_bytes: ClassVar[int] = 1  # the swizzle is that of the code tile
+
+    @property
+    def provides(self) -> frozenset[str]:
+        scales = {"load_tensor_scale"} if self.static_scale else {"TokenScalesSmem", "quantize_token_scales"}
+        return frozenset({"kAChunksPerRow", "kAStageChunks", "kASwizzle", "kAStageVectors", "kAVectorsPerThread",
+                          "a_smem_chunk", "load_a_fragments", "AStageX", "fetch_a_stage", "store_a_stage"} | scales)
+
+    @property
+    def needs(self) -> frozenset[str]:
+        # (and the activation-quantization components' symbols, which declare none: load_vector, amax_bits,
+        # quantize_vector, warp_max_xor, block_scale, Words4, Vector, Codes, BlockScale)
+        return frozenset({"smem_address", "to_float"}
+                         | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
+                         | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))

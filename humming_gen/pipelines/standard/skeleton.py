@@ -102,6 +102,11 @@ class StandardA8Pipeline(Component):
     # MoE, as StandardPipeline: the stacked weight tensors rebased per expert; grouped row windows, else gathered rows
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: bool = option_field()
+    # a_load='quantize': x (16-bit) is read and quantized per token by the loader (ATile8Quantize): token scales
+    # first, then each stage's x tile fetched into registers before the stage in flight is computed and encoded
+    # into shared memory after it
+    quantize_a: bool = option_field()
+    static_a_scale: bool = option_field()  # ... with a static per-tensor scale (load_tensor_scale)
 
     @property
     def moe(self) -> bool:
@@ -114,8 +119,11 @@ class StandardA8Pipeline(Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = {"Params", "TileCoord", "tile_coord", "u32x4", "kBTileChunks", "kBWarpSliceWords", "load_b_stage",
-                 "load_a_stage", "load_a_fragments", "load_b_tile_pair" if self.nibbles else "load_b_tile",
+                 "load_a_fragments", "load_b_tile_pair" if self.nibbles else "load_b_tile",
                  "mma_m16n8k64" if self.s4 else "mma_m16n8k32", "cp_async_commit", "cp_async_wait", "store_output"}
+        needs |= ({"AStageX", "fetch_a_stage", "store_a_stage",
+                   "load_tensor_scale" if self.static_a_scale else "quantize_token_scales"} if self.quantize_a
+                  else {"load_a_stage"})
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
@@ -136,4 +144,5 @@ class StandardA8Pipeline(Component):
         partial = "static_cast<float>(acc_slice[nt][mt][i])" if self.integer else "acc_slice[nt][mt][i]"
         return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
                 "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles, "moe": self.moe,
-                "mma_fn": "mma_m16n8k64" if self.s4 else "mma_m16n8k32"}
+                "mma_fn": "mma_m16n8k64" if self.s4 else "mma_m16n8k32", "quantize_a": self.quantize_a,
+                "static_a_scale": self.static_a_scale}
