@@ -2,8 +2,9 @@
 points, bias, odd shapes, group sizes that are not multiples of 16, and the warp-specialized pipeline (M >= 33 on
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
-persistent grid (more units than SMs)); 8-bit activations on both pipelines, and two-CTA clusters sharing weight
-stages. Prints the max relative error and the pipelines that ran, so a sanitizer log also shows them. --clusters-only: the cluster cases alone."""
+persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
+stages, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
+also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import sys
 
@@ -62,5 +63,16 @@ for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 10
     ref = reference_gemm(x.double(), qw)
     worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
     pipelines.add(f"{layer.kernel_for(300).plan.pipeline} cluster {layer.kernel_for(300).plan.launch.cluster}")
+# W4A4 int4 x int4 on the s4 kernels (strict=True: where ptxas emulates the s4 mma the default runs int8 activations):
+# split-K at M = 1, a partial last k tile of packed bytes (K = 2816: 1408 bytes), group-64 activations
+for act in (hg.ActivationScheme("int4"), hg.ActivationScheme("int4", granularity="group", group_size=64)):
+    qw = hg.QuantScheme("int4", group_size=128, scale_dtype="bfloat16", activation=act).quantize(
+        torch.randn(1000, 2816, device="cuda") * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, strict=True)
+    for m in (1, 70):
+        x = torch.randn(m, 2816, device="cuda").bfloat16()
+        ref = reference_gemm(x.double(), qw)
+        worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+        pipelines.add(f"{layer.kernel_for(m).plan.pipeline} {layer.compute_dtype}")
 torch.cuda.synchronize()
 print(f"sanitize sample: max relative error {worst:.2e}, pipelines {sorted(pipelines)}")
