@@ -438,3 +438,71 @@ def pack_s4(codes: torch.Tensor, layout: BLayoutS4) -> torch.Tensor:
 def unpack_s4(packed: torch.Tensor, layout: BLayoutS4, n_pad: int, k_pad: int) -> torch.Tensor:
     """Inverse of `pack_s4` (k_pad counts codes)."""
     return split_nibbles(unpack_codes8(packed, layout.bytes_layout, n_pad, k_pad // 2))
+
+
+@attrs.frozen
+class BLayoutSw128:
+    """8-bit weight codes in wgmma's canonical K-major layout with the 128-byte swizzle, one (block_n rows x 128 k)
+    panel after another, [n block][k panel], so a stage of one n block is one contiguous run (a bulk copy) that lands
+    in shared memory exactly as a wgmma shared-memory descriptor reads it (the same image the activation tile
+    loader writes: row r at r * 128, 16-byte chunk c at chunk c ^ (r % 8)). The register paths read the same image
+    with ldmatrix: the four 8 x 16-byte matrices (rows 0-7 / 8-15, chunks 2s / 2s + 1) of a 16-row tile's k32 step s
+    are the m16n8k32 A registers 0-3 (sw128_ldmatrix_a), so one packed copy could feed SS wgmma, RS wgmma and
+    mma.sync kernels. Not yet read by any kernel."""
+
+    block_n: int
+
+    bits = 8
+    panel_k = 128  # bytes of k per panel: one 128-byte swizzle row
+
+    def check(self) -> list[str]:
+        return [] if self.block_n % 8 == 0 and self.block_n > 0 else [
+            f"block_n={self.block_n} is not a positive multiple of 8 (the swizzle's 8-row atom)"]
+
+
+def sw128_offset(row: torch.Tensor | int, kbyte: torch.Tensor | int) -> torch.Tensor | int:
+    """Byte offset of (row, k byte) inside one 128-byte-swizzled panel."""
+    return row * 128 + (((kbyte // 16) ^ (row % 8)) * 16) + kbyte % 16
+
+
+def pack_codes_sw128(codes: torch.Tensor, layout: BLayoutSw128) -> torch.Tensor:
+    """Kernel codes (N_pad, K_pad) uint8 -> (N_pad / block_n, K_pad / 128, block_n * 128) uint8 panels."""
+    errors = layout.check()
+    if errors:
+        raise ValueError("weight layout: " + "; ".join(errors))
+    n_pad, k_pad = codes.shape
+    bn, pk = layout.block_n, layout.panel_k
+    if n_pad % bn or k_pad % pk:
+        raise ValueError(f"codes shape {tuple(codes.shape)} is not padded to ({bn}, {pk})")
+    row = torch.arange(bn, device=codes.device).view(-1, 1)
+    kb = torch.arange(pk, device=codes.device).view(1, -1)
+    offset = sw128_offset(row, kb).reshape(-1)
+    blocks = codes.view(n_pad // bn, bn, k_pad // pk, pk).permute(0, 2, 1, 3).reshape(n_pad // bn, k_pad // pk, -1)
+    out = torch.empty_like(blocks)
+    out[:, :, offset] = blocks
+    return out
+
+
+def unpack_codes_sw128(packed: torch.Tensor, layout: BLayoutSw128, n_pad: int, k_pad: int) -> torch.Tensor:
+    """Inverse of `pack_codes_sw128`."""
+    bn, pk = layout.block_n, layout.panel_k
+    row = torch.arange(bn, device=packed.device).view(-1, 1)
+    kb = torch.arange(pk, device=packed.device).view(1, -1)
+    offset = sw128_offset(row, kb).reshape(-1)
+    blocks = packed[:, :, offset].view(n_pad // bn, k_pad // pk, bn, pk)
+    return blocks.permute(0, 2, 1, 3).reshape(n_pad, k_pad)
+
+
+def sw128_ldmatrix_a(panel: torch.Tensor, row0: int, step: int) -> torch.Tensor:
+    """What ldmatrix.x4 (b16, not transposed) gives each lane from one packed panel (block_n * 128 bytes) for the
+    16-row tile at row0 and k32 step `step`: thread t points at row t % 8 (+8 for matrices 1 and 3) of 16-byte chunk
+    2 * step (+1 for matrices 2 and 3); lane l receives from matrix i the 4 bytes at its row l / 4, bytes
+    4 * (l % 4). Returns (32 lanes, 4 registers, 4 bytes) uint8, for comparing with the m16n8k32 A fragment."""
+    out = torch.empty(32, 4, 4, dtype=torch.uint8)
+    for lane in range(32):
+        for i in range(4):
+            row = row0 + lane // 4 + 8 * (i % 2)
+            chunk = 2 * step + i // 2
+            start = sw128_offset(row, chunk * 16) + 4 * (lane % 4)
+            out[lane, i] = panel[start:start + 4]
+    return out
