@@ -31,6 +31,10 @@ LOADS = ("cp_async", "tma", "tma_multicast")
 # token in their loader (no separate quantize kernel; pipelines.standard.compose_a8)
 A_LOADS = LOADS + ("quantize",)
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
+# Where the MMA reads the weights from: "registers" (mma.sync, and wgmma's register A operand: each warp loads its
+# fragments), or "shared" (wgmma's shared-memory A operand through a descriptor: the 8-bit warp-specialized kernels
+# of pipelines.warp_specialized.compose_a8, whose weights are packed in wgmma's canonical layout, BLayoutSw128)
+B_OPERANDS = ("registers", "shared")
 RASTERS = ("n_major", "m_major", "m_band")  # m_band: persistent grids walk bands of BAND_M m tiles m-fastest
 BAND_M = 8
 MAX_WARPS = 16
@@ -72,6 +76,7 @@ class TuningConfig(JsonConfig):
     raster: str = "n_major"
     cluster_m: int = 1
     cluster_n: int = 1
+    b_operand: str = attrs.field(default="registers", metadata={"listed_when_set": True})
     _key_cache: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     __hash__ = JsonConfig.__hash__
@@ -96,6 +101,7 @@ class TuningConfig(JsonConfig):
         check_choice(o, "raster", self.raster, RASTERS)
         check_int(o, "cluster_m", self.cluster_m, lo=1, hi=4)
         check_int(o, "cluster_n", self.cluster_n, lo=1, hi=4)
+        check_choice(o, "b_operand", self.b_operand, B_OPERANDS)
         raise_reasons(o, self._consistency_reasons())
 
     def _consistency_reasons(self) -> list[str]:
@@ -128,6 +134,9 @@ class TuningConfig(JsonConfig):
             reasons.append("b_load='tma_multicast' needs cluster_m > 1 (the CTAs sharing a B tile)")
         if self.scale_load == "tma_multicast" and self.cluster_m * self.cluster_n == 1:
             reasons.append("scale_load='tma_multicast' needs a cluster of more than one CTA")
+        if self.b_operand == "shared" and self.mma != "wgmma":
+            reasons.append(f"b_operand='shared' (weights read by the MMA from shared memory) needs mma='wgmma', got "
+                           f"mma={self.mma!r}")
         if self.stream_k and self.split_k > 1:
             reasons.append(f"stream_k=True and split_k={self.split_k} are mutually exclusive")
         return reasons
@@ -157,4 +166,5 @@ class TuningConfig(JsonConfig):
                 f"warps={self.warps_m}x{self.warps_n}x{self.warps_k} stages={self.stages} split_k={self.split_k} "
                 f"stream_k={'yes' if self.stream_k else 'no'} "
                 f"load=a:{self.a_load},b:{self.b_load},scale:{self.scale_load} ctas_per_sm={self.ctas_per_sm} "
-                f"raster={self.raster} cluster={self.cluster_m}x{self.cluster_n}")
+                f"raster={self.raster} cluster={self.cluster_m}x{self.cluster_n}"
+                + (f" b_operand={self.b_operand}" if self.b_operand != "registers" else ""))

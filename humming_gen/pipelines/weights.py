@@ -12,8 +12,8 @@ from humming_gen.components.numeric.exponent_fold import (ExponentFold, empty_gr
 from humming_gen.layer.weights import PreparedWeight
 from humming_gen.pipelines.base import KernelPlan
 from humming_gen.schemes import QuantizedWeight
-from humming_gen.schemes.packing import (BLayout8, BLayoutNibble8, BLayoutS4, pack_codes, pack_codes8, pack_nibbles8,
-                                         pack_s4, pad_to, permute_group_rows)
+from humming_gen.schemes.packing import (BLayout8, BLayoutNibble8, BLayoutS4, BLayoutSw128, pack_codes, pack_codes8,
+                                         pack_codes_sw128, pack_nibbles8, pack_s4, pad_to, permute_group_rows)
 
 
 def _scales_per_element_row(qw: QuantizedWeight, values: torch.Tensor, group_size: int, rows: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
     mask = (1 << s.weight.bits) - 1
     codes = (qw.codes.to(device).to(torch.int32) ^ lay.code_offset) & mask
     codes = pad_to(codes.to(torch.uint8), {0: lay.n_pad, 1: lay.k_pad})
-    if isinstance(lay.b_layout, BLayout8):
+    if isinstance(lay.b_layout, (BLayout8, BLayoutSw128)):
         return _prepare_weight8(lay, qw, codes, device)
     if isinstance(lay.b_layout, BLayoutNibble8):
         return _prepare_weight_nibbles(lay, qw, codes, device)
@@ -113,7 +113,7 @@ def _out_scale(lay, qw: QuantizedWeight, scales: torch.Tensor, extra: torch.Tens
 
 def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torch.device | str,
                      code_scale: float = 1.0) -> PreparedWeight:
-    """8-bit codes as they are (the mma multiplies them) in BLayout8; group / block scales as fp32 [group][n_pad]
+    """8-bit codes as they are (the mma multiplies them) in BLayout8 (or BLayoutSw128 panels); group / block scales as fp32 [group][n_pad]
     (read per warp k slice when partial sums are promoted), the rest folded into the fp32 out_scale. `code_scale`:
     what the mma operand is multiplied by to give the code's value (1/16 for nibbles widened to int8), folded into
     whichever scale the kernel reads (a power of two, so exact)."""
@@ -126,6 +126,7 @@ def _prepare_weight8(lay, qw: QuantizedWeight, codes: torch.Tensor, device: torc
             sc = sc * extra[None, :]
         b_scale = pad_to(sc, {1: lay.n_pad}).contiguous()
     b = (pack_codes8(codes, lay.b_layout) if isinstance(lay.b_layout, BLayout8)
+         else pack_codes_sw128(codes, lay.b_layout) if isinstance(lay.b_layout, BLayoutSw128)
          else pack_s4(codes, lay.b_layout) if isinstance(lay.b_layout, BLayoutS4)
          else pack_nibbles8(codes, lay.b_layout))
     out_scale = _out_scale(lay, qw, scales, extra, device)

@@ -81,3 +81,13 @@ class WgmmaRS8(Component):
                 "d_list": ", ".join(f"%{i}" for i in range(regs)),
                 "a_list": ", ".join(f"%{regs + i}" for i in range(4)),
                 "d_operands": ", ".join(f'"+{constraint}"(d[{i // 4}][{i % 4}])' for i in range(regs))}
+
+
+@attrs.frozen
+class WgmmaSS8(WgmmaRS8):
+    """Shared-A, shared-B warpgroup MMA over `n` tokens with 8-bit operands (k32): the weights come from shared
+    memory in wgmma's canonical layout (BLayoutSw128 panels) instead of each warp's registers, so no thread loads
+    weight fragments and the MMA may run while the warpgroup does other work."""
+
+    template: ClassVar[str] = "mma/wgmma_ss8.cuh.j2"
+

@@ -211,6 +211,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # 2: two-CTA clusters along M share each weight stage by multicast (WeightStageBulk.cluster_m), and each consumer
     # warp releases a stage on both CTAs' empty barriers
     cluster_m: int = option_field(1)
+    # wgmma reads the weights from the stage through descriptors (WgmmaSS8, BLayoutSw128 panels), no fragments
+    shared_weights: bool = option_field()
 
     @property
     def staged_activation_scales(self) -> bool:
@@ -232,6 +234,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.block_m}k32"}
+        needs |= {"smem_descriptor"} if self.shared_weights else set()
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
@@ -255,4 +258,5 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                            else "for_expert(p, tc.expert)" if self.moe else "p"),
                 "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
+                "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")}

@@ -33,7 +33,7 @@ import attrs
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
-from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8
+from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8, WgmmaSS8
 from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
 from humming_gen.components.numeric.exponent_fold import STEP_K, ExponentFold
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
@@ -53,7 +53,7 @@ from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_G
                                                             staging_bytes)
 from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATileSw128CpAsync,
                                                                WarpSpecializedA8Pipeline, WeightStageBulk)
-from humming_gen.schemes.packing import BLayout8, BLayoutNibble8
+from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutSw128
 from humming_gen.targets import Target
 
 BLOCK_N = SHARED_LAYOUT["block_n"]  # one layout block per tile
@@ -191,6 +191,22 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
+def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+    """What b_operand='shared' (wgmma reads the weights from shared memory, packed in BLayoutSw128) needs: 8-bit
+    weight codes as the MMA multiplies them, a dense GEMM, no cluster."""
+    t = tuning
+    reasons = []
+    if standard_a8.nibble_order(layer) is not None:
+        reasons.append(f"b_operand='shared' with {layer.scheme.weight.name} weights: the shared-memory operand is "
+                       f"the stored 8-bit codes (weights of at most 4 bits widen in registers: b_operand='registers')")
+    if compute.gemm in MOE_GEMMS:
+        reasons.append(f"b_operand='shared' with gemm={compute.gemm!r}: MoE GEMMs read the weights from registers "
+                       f"(their small buckets run the standard pipeline on the BLayout8 copy)")
+    if t.cluster_m > 1:
+        reasons.append(f"b_operand='shared' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
+    return reasons
+
+
 def a8_moe_tuning_reasons(tuning: TuningConfig, gather: bool) -> list[str]:
     """What an MoE kernel with 8-bit activations needs of the tuning beyond a dense one (`gather`: indexed)."""
     reasons = moe_tuning_reasons(tuning, element_bytes=1) if gather else []
@@ -210,12 +226,15 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
+    shared_weights = t.b_operand == "shared"
+    reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
     if moe and t.cluster_m > 1:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: MoE units of one expert are not paired; "
                        f"clusters serve dense layers")
     order = standard_a8.nibble_order(layer)
-    layout: BLayout8 | BLayoutNibble8 = (BLayout8(**SHARED_LAYOUT) if order is None
-                                         else BLayoutNibble8(**SHARED_LAYOUT, order=order))
+    layout: BLayout8 | BLayoutNibble8 | BLayoutSw128 = (
+        BLayoutSw128(block_n=BLOCK_N) if shared_weights else BLayout8(**SHARED_LAYOUT) if order is None
+        else BLayoutNibble8(**SHARED_LAYOUT, order=order))
     reasons += layout.check() + split_k_reasons(layer, t)
     if reasons:
         raise compose_error(reasons)
@@ -234,7 +253,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                                cluster_m=t.cluster_m)]
     if staged_activation_scales(layer):
         memory.append(ActivationScalesStage(gather=gather))
-    mma: list[Component] = [WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
+    mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
+        weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
     banded = t.raster == "m_band"
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
                                  PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1,
@@ -258,8 +278,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     experts = expert_tensors(standard_a8.args(layer, False, fold=fold), per_expert) if moe else ()
     pdl = target.has("pdl")
     suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
-              + (f"_c{t.cluster_m}" if t.cluster_m > 1 else ""))
-    name = kernel_name(layer, t, target, suffix=suffix)  # _fold: folded group scales; _c2: two-CTA clusters
+              + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "") + ("_ss" if shared_weights else ""))
+    # _fold: folded group scales; _c2: two-CTA clusters; _ss: weights read from shared memory
+    name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
                                          activation_groups=agroups, nibbles=order is not None, pdl=pdl,
@@ -267,7 +288,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
-                                         cluster_m=t.cluster_m)
+                                         cluster_m=t.cluster_m, shared_weights=shared_weights)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
@@ -297,6 +318,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kWarpNTiles", 1, "16-row n tiles per consumer warp"),
         ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
         ("kBSliceBytes", b_slice_bytes(layer), "one 128-row layout block x 64 k of packed weight"),
+    ] + ([("kBPanelBytes", BLOCK_N * 128, "one 128-row x 128-k panel of BLayoutSw128 weights")] if shared_weights
+         else []) + [
         ("kSlicesPerStage", t.block_k // SLICE_K, ""),
         ("kSlicesPerN", k_pad // SLICE_K, "64-k slices per layout block of the packed weight"),
         ("kSmemAlign", SMEM_ALIGN, ""),

@@ -161,6 +161,21 @@ def weight_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
+SHARED_WEIGHT_BUCKETS = (8, 16) + A8_BUCKETS  # every bucket: all a layer's kernels read the BLayoutSw128 copy
+
+
+def shared_weight_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
+    """Every bucket of a dense 8-bit-weight x 8-bit-activation layer on the warp-specialized kernels that read the
+    weights from shared memory (b_operand='shared', WgmmaSS8): the a8 buckets' tiles and split-K, the smallest
+    buckets with 8- and 16-token tiles, so the layer keeps one packed copy in BLayoutSw128."""
+    plan = []
+    for m_max in SHARED_WEIGHT_BUCKETS:
+        t = tuning_for_a8(layer, target, m_max)
+        fields = {f.name: getattr(t, f.name) for f in attrs.fields(TuningConfig) if f.init and f.name != "stages"}
+        plan.append((m_max, deepest(layer, target, {**fields, "b_operand": "shared"})))
+    return TuningPlan(tuple(plan))
+
+
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
     """The tuning of an indexed MoE GEMM with 8-bit activations and `block_m` tokens per tile: the dense 8-bit
     kernels' 128-row tiles and 128-k stages, except that an 8-token tile takes 256-k stages (the producer gathers
