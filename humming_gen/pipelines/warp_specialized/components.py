@@ -213,9 +213,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     cluster_m: int = option_field(1)
     # wgmma reads the weights from the stage through descriptors (WgmmaSS8, BLayoutSw128 panels), no fragments
     shared_weights: bool = option_field()
-    # shared_weights, int8 without group scales: a stage's wgmmas stay in flight while the previous one retires (one
-    # exact s32 sum over the slice)
-    overlap: bool = option_field()
 
     @property
     def staged_activation_scales(self) -> bool:

@@ -207,14 +207,6 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
     return reasons
 
 
-def overlaps(layer: LayerConfig, tuning: TuningConfig) -> bool:
-    """Whether a shared-weight kernel keeps one stage's wgmmas in flight while the previous one retires: int8 without
-    group scales, summed exactly in s32 over the slice. (fp8 would need a second partial-sum buffer promoted while
-    the other's wgmmas run: ptxas 13.0 serializes those wgmmas, C7514, so fp8 waits for each stage.)"""
-    return (promoted_weight_group_k(layer) is None and standard_a8.activation_group_k(layer) is None
-            and layer.scheme.activation.dtype.name == "int8" and exact_k(layer))
-
-
 def a8_moe_tuning_reasons(tuning: TuningConfig, gather: bool) -> list[str]:
     """What an MoE kernel with 8-bit activations needs of the tuning beyond a dense one (`gather`: indexed)."""
     reasons = moe_tuning_reasons(tuning, element_bytes=1) if gather else []
@@ -296,8 +288,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
-                                         cluster_m=t.cluster_m, shared_weights=shared_weights,
-                                         overlap=overlaps(layer, t) if shared_weights else False)
+                                         cluster_m=t.cluster_m, shared_weights=shared_weights)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
     reasons = missing_features(components, target) + missing_symbols(components)
