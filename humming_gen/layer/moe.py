@@ -114,6 +114,7 @@ class QuantMoE(torch.nn.Module):
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings, moe_tunings
         from humming_gen.kernel import _resolve_target, build_many
+        from humming_gen.moe.reduce import kernel_for
         from humming_gen.reference.moe import ACTIVATIONS, GATE_UP_LAYOUTS
 
         for name, q in (("q13", q13), ("q2", q2)):
@@ -215,6 +216,7 @@ class QuantMoE(torch.nn.Module):
         self._grouped_calls: dict[tuple[str, str, int, str | None], object] = {}
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
+        kernel_for(_DTYPE_NAME[dtype], self.target, compiler)  # the top-k reduction, compiled with the GEMMs
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
@@ -328,9 +330,11 @@ class QuantMoE(torch.nn.Module):
 
     def run(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
             expert_map: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), fp32 top-k sum.
+        """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), the top-k reduction
+        (humming_gen.moe.reduce: fp32, deterministic, the bits of torch.sum over the slots then the cast).
         Never synchronises with the host; `out` (M, H), when given, receives the result."""
         from humming_gen.moe import moe_align
+        from humming_gen.moe.reduce import topk_reduce
         from humming_gen.reference.moe import gated_activation
 
         self.check_input(x, topk_weights, topk_ids, expert_map)
@@ -357,15 +361,12 @@ class QuantMoE(torch.nn.Module):
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
         a2, a2_scale = self.gemm_input(act, 1)
-        y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
+        # rows of skipped slots stay unwritten: the top-k reduction leaves them out without reading them
+        y = torch.empty(m * top_k, self.hidden, dtype=self.dtype, device=self.device)
         if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
             topk_weights = topk_weights.to(torch.float32).contiguous()
         gemm2.moe(a2, y, routing, 1, topk_weights.view(-1), a_scale=a2_scale)
-        total = torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32)
-        if out is None:
-            return total.to(self.dtype)  # a new tensor: the same rounding as copy_ into one
-        out.copy_(total)
-        return out
+        return topk_reduce(y, routing.inverse, top_k, out, target=self.target, compiler=self._compiler)
 
     def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GEMM `index`'s (0: w13, 1: w2) input rows `a` (rows, K) as its kernels read them: `a` itself with 16-bit
