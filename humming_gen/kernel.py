@@ -10,8 +10,8 @@ import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
-from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING,
-                                        ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUT_TOP_K, OUTPUT,
+                                        ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many

@@ -43,7 +43,8 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     if not bad.numel():
         return ""
     r, c = bad[0].tolist()
-    return f"{bad.shape[0]} of {want.numel()} differ, first at ({r}, {c}): got {got[r, c].item()}, want {want[r, c].item()}"
+    return (f"{bad.shape[0]} of {want.numel()} differ, first at ({r}, {c}): got {got[r, c].item()}, "
+            f"want {want[r, c].item()}")
 
 
 @pytest.mark.parametrize("variant", ["plain", "dropped", "mapped"])
