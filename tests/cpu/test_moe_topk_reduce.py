@@ -1,7 +1,7 @@
 """The MoE top-k reduction (humming_gen.moe.reduce): rendering (header with the full config, deterministic, only the
 chosen branch), config and argument errors, NVRTC compilation for the targets, and its reference
 (humming_gen.reference.moe.topk_sum_reference), which defines the kernel's bits (GPU test: tests/gpu/
-test_moe_topk_reduce.py): the summation order of torch.sum's CUDA kernel over the slots, skipped slots left out
+test_moe_topk_reduce_gpu.py): the summation order of torch.sum's CUDA kernel over the slots, skipped slots left out
 without a changed bit, their rows never read."""
 
 from __future__ import annotations
