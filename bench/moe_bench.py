@@ -24,6 +24,7 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
                                                      # warp-specialized ones from 17 rows per expert on)
+    python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
     python bench/moe_bench.py --unfused-activation   # torch's gated activation between the GEMMs (default: the
                                                      # layer fuses it into GEMM1 where it can, and then has no
                                                      # gate-up GEMM alone to time: those cells are skipped)
@@ -149,6 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="QuantMoE(fused_activation=False): GEMM1 writes gate and up rows, torch applies the gated "
                         "activation (default: the layer's own choice, fused wherever the kernels can; a fused "
                         "layer refuses the gate-up GEMM alone, so its cells are skipped)")
+    p.add_argument("--topk-reduce", default="deterministic", choices=("deterministic", "atomic"),
+                   help="QuantMoE(topk_reduce=...): 'atomic' adds GEMM2's rows into fp32 token rows in its epilogue "
+                        "(then the layer has no down GEMM alone: its per-GEMM cells are skipped)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     args = p.parse_args(argv)
@@ -578,7 +582,7 @@ class Bench:
             layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=model.activation,
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
                                                      target=self.target, pipeline=self.args.pipeline,
-                                                     fused_activation=fused,
+                                                     fused_activation=fused, topk_reduce=self.args.topk_reduce,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")
@@ -588,9 +592,10 @@ class Bench:
 
     @staticmethod
     def gemms(layer) -> tuple[str, ...]:
-        """The GEMMs of `layer` timed alone: a fused layer's w13 runs only with its activation (QuantMoE refuses it
-        alone)."""
-        return ("w2",) if layer.fused_activation else ("w13", "w2")
+        """The GEMMs of `layer` timed alone: a fused layer's w13 runs only with its activation, an atomic top-k
+        reduction's w2 only within the layer (QuantMoE refuses them alone)."""
+        return tuple(g for g, alone in (("w13", not layer.fused_activation), ("w2", layer.topk_reduce != "atomic"))
+                     if alone)
 
     def warm_grouped(self, layer, entry: dict) -> None:
         """Compile the grouped kernels the timings will use, in parallel (they compile on first use otherwise)."""
@@ -630,6 +635,9 @@ class Bench:
         if layers[0].fused_activation and entry["ms"]["w13"]:
             self.skip(name, fmt, "gate-up GEMM alone", "the layer applies the gated activation in GEMM1's epilogue "
                       "(--unfused-activation times that GEMM alone)")
+        if layers[0].topk_reduce == "atomic" and entry["ms"]["w2"]:
+            self.skip(name, fmt, "down GEMM alone", "--topk-reduce atomic: the down GEMM adds into token rows, "
+                      "timed within the whole layer only")
         per_expert = {"w13": layers[0].w13.nbytes() / spec.experts, "w2": layers[0].w2.nbytes() / spec.experts}
         for gemm in self.gemms(layers[0]):
             n, k = gemm_shape(spec, gemm)

@@ -10,8 +10,8 @@ import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
-from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUTPUT, ROUTING, ROWS,
-                                        SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUT_TOP_K, OUTPUT,
+                                        ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
@@ -127,7 +127,7 @@ class Launcher:
         self._routing_slots: dict[str, int] = {}  # MoE: routing tensor -> index in _values
         for a in plan.args:
             self._values.append(self._bound_value(a))
-            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K):
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K, OUT_TOP_K):
                 self._per_call[a.kind] = len(self._values) - 1
             elif a.kind == ROUTING:
                 self._routing_slots[a.tensor] = len(self._values) - 1
@@ -237,12 +237,15 @@ class Launcher:
                        pdl=self._pdl)
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
-            topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None) -> None:
+            topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
+            out_top_k: int | None = None) -> None:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
         other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does.
         Quantized activations: `a` holds the codes and `a_scale` their fp32 scales, per row of `a` (read through
-        the same routing) or one per tensor."""
+        the same routing) or one per tensor. A kernel with the atomic top-k reduction (ComputeConfig.topk_reduce)
+        adds assignment row i into row i // out_top_k of `out` instead (fp32, (rows / out_top_k, N), zeroed by the
+        caller); only such a kernel takes `out_top_k`."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -253,13 +256,22 @@ class Launcher:
                 else "topk_weights given, but this kernel does not multiply by them"))
         self._set_a_scale(a_scale)
         values = self._values
+        rows = out.shape[0]
+        slot = self._per_call.get(OUT_TOP_K)
+        if (slot is None) != (out_top_k is None):
+            raise ValueError(f"kernel {self.kernel.name}: " + (
+                "it adds assignments into their tokens' rows (atomic top-k reduction); pass out_top_k"
+                if out_top_k is None else "out_top_k given, but this kernel writes one row per assignment"))
+        if slot is not None:
+            values[slot] = out_top_k
+            rows *= out_top_k  # m counts assignments, out_top_k per row of out
         values[self._per_call[TOP_K]] = top_k
         values[slots["sorted_ids"]] = routing.sorted_ids.data_ptr()
         values[slots["expert_ids"]] = routing.expert_ids.data_ptr()
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
-        self._launch(a, out, out.shape[0])  # m counts assignment rows (rows of out)
+        self._launch(a, out, rows)  # m counts assignment rows
 
     def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor,
                 a_scale: torch.Tensor | None = None) -> None:

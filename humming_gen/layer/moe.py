@@ -27,6 +27,7 @@ from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TOPK_REDUCES = ("deterministic", "atomic")  # QuantMoE(topk_reduce=...)
 
 
 def expert_weight(qw: QuantizedWeight, e: int) -> QuantizedWeight:
@@ -102,18 +103,26 @@ class QuantMoE(torch.nn.Module):
     alone, per-token / per-group / static per-tensor activation quantization reads only the row, and the top-k sum
     adds a token's k rows in an order set by top_k alone. Across buckets the kernels differ (token tile, pipeline,
     MMA): no promise; a dynamic per-tensor activation scale (the amax of the batch) makes every row depend on the
-    others."""
+    others.
+    topk_reduce: "deterministic" (the default): GEMM2 writes one row per assignment and a generated kernel sums a
+    token's rows in fp32 in a fixed order (humming_gen.moe.reduce; the bits of torch.sum over the slots, then the
+    cast). "atomic": GEMM2's epilogue adds each router-weighted row into its token's row of an fp32 (M, H) buffer
+    with red.global.add (no (M * top_k, H) rows written and read back), then a cast to the layer's dtype; the order
+    of the adds varies, so results may differ in the last bits from run to run (and batch invariance is lost). Such a
+    layer has no down GEMM alone (moe_gemm / launcher_for with "w2")."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
-                 weight_only: bool = False, strict: bool = False, pipeline: str | None = None):
+                 weight_only: bool = False, strict: bool = False, pipeline: str | None = None,
+                 topk_reduce: str = "deterministic"):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings, moe_tunings
         from humming_gen.kernel import _resolve_target, build_many
+        from humming_gen.moe.reduce import kernel_for
         from humming_gen.reference.moe import ACTIVATIONS, GATE_UP_LAYOUTS
 
         for name, q in (("q13", q13), ("q2", q2)):
@@ -129,6 +138,11 @@ class QuantMoE(torch.nn.Module):
             raise ValueError(f"activation={activation!r}; allowed: {ACTIVATIONS}")
         if gate_up_layout not in GATE_UP_LAYOUTS:
             raise ValueError(f"gate_up_layout={gate_up_layout!r}; allowed: {GATE_UP_LAYOUTS}")
+        if not isinstance(topk_reduce, str) or topk_reduce not in TOPK_REDUCES:
+            raise ValueError(f"topk_reduce={topk_reduce!r}; allowed: {TOPK_REDUCES} ('deterministic': GEMM2 writes "
+                             f"a row per assignment, a kernel sums them in a fixed order; 'atomic': GEMM2's epilogue "
+                             f"adds them into fp32 token rows, in no fixed order)")
+        self.topk_reduce = topk_reduce
         num_experts, two_i, hidden = q13.shape
         if q13.n % 2 or q2.shape != (num_experts, hidden, two_i // 2):
             raise ValueError(f"w13 must be (E, 2I, H) and w2 (E, H, I): got {q13.shape} and {q2.shape}")
@@ -182,7 +196,8 @@ class QuantMoE(torch.nn.Module):
                   for q, b in ((q13, self.bias13), (q2, self.bias2))]
         gated = activation if self.fused_activation else None
         computes = [ComputeConfig(gemm="indexed", epilogue_activation=gated),
-                    ComputeConfig(gemm="indexed", topk_weight=True)]
+                    ComputeConfig(gemm="indexed", topk_weight=True,
+                                  topk_reduce="atomic" if topk_reduce == "atomic" else None)]
         # each GEMM's input quantization (None: 16-bit activations) and static per-tensor scale
         self.activation_schemes = tuple(q.scheme.activation for q in (q13, q2))
         self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
@@ -215,6 +230,8 @@ class QuantMoE(torch.nn.Module):
         self._grouped_calls: dict[tuple[str, str, int, str | None], object] = {}
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
                             b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
+        if topk_reduce == "deterministic":
+            kernel_for(_DTYPE_NAME[dtype], self.target, compiler)  # the top-k reduction, compiled with the GEMMs
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
@@ -328,9 +345,11 @@ class QuantMoE(torch.nn.Module):
 
     def run(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
             expert_map: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), fp32 top-k sum.
+        """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), the top-k reduction
+        (humming_gen.moe.reduce: fp32, deterministic, the bits of torch.sum over the slots then the cast).
         Never synchronises with the host; `out` (M, H), when given, receives the result."""
         from humming_gen.moe import moe_align
+        from humming_gen.moe.reduce import topk_reduce
         from humming_gen.reference.moe import gated_activation
 
         self.check_input(x, topk_weights, topk_ids, expert_map)
@@ -357,15 +376,16 @@ class QuantMoE(torch.nn.Module):
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
         a2, a2_scale = self.gemm_input(act, 1)
-        y = torch.zeros(m * top_k, self.hidden, dtype=self.dtype, device=self.device)  # skipped slots add zero
         if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
             topk_weights = topk_weights.to(torch.float32).contiguous()
+        if self.topk_reduce == "atomic":  # GEMM2 adds each assignment into its token's fp32 row; skipped slots: none
+            total = torch.zeros(m, self.hidden, dtype=torch.float32, device=self.device)
+            gemm2.moe(a2, total, routing, 1, topk_weights.view(-1), a_scale=a2_scale, out_top_k=top_k)
+            return total.to(self.dtype) if out is None else out.copy_(total)
+        # rows of skipped slots stay unwritten: the top-k reduction leaves them out without reading them
+        y = torch.empty(m * top_k, self.hidden, dtype=self.dtype, device=self.device)
         gemm2.moe(a2, y, routing, 1, topk_weights.view(-1), a_scale=a2_scale)
-        total = torch.sum(y.view(m, top_k, self.hidden), dim=1, dtype=torch.float32)
-        if out is None:
-            return total.to(self.dtype)  # a new tensor: the same rounding as copy_ into one
-        out.copy_(total)
-        return out
+        return topk_reduce(y, routing.inverse, top_k, out, target=self.target, compiler=self._compiler)
 
     def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GEMM `index`'s (0: w13, 1: w2) input rows `a` (rows, K) as its kernels read them: `a` itself with 16-bit
@@ -396,6 +416,9 @@ class QuantMoE(torch.nn.Module):
         assignment rows when its tile matches, else the first bucket with that tile (for callers that bring
         their own routing, padded to block_m)."""
         index = self.gemm_index(weight)
+        if index == 1 and self.topk_reduce == "atomic":
+            raise ValueError("this layer's w2 GEMM adds each assignment into its token's row (topk_reduce='atomic'): "
+                             "build the layer with topk_reduce='deterministic' to run the down GEMM alone")
         tiles = self.block_ms
         if block_m not in tiles:
             raise ValueError(f"block_m={block_m}: this layer's kernels tile {sorted(set(tiles))} rows; pad the "
@@ -461,4 +484,5 @@ class QuantMoE(torch.nn.Module):
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
                 f"activation={self.activation}, gate_up_layout={self.gate_up_layout}, dtype={self.dtype}, "
                 f"target={self.target.name}, buckets={self.buckets}, fused_activation={self.fused_activation}"
-                + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else ""))
+                + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else "")
+                + (f", topk_reduce={self.topk_reduce}" if self.topk_reduce != "deterministic" else ""))

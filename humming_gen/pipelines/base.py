@@ -47,7 +47,8 @@ LDC = "ldc"              # per call: row stride of the output, elements
 ACTIVATION_SCALE = "activation_scale"  # per call: fp32 scales of quantized activations (per token, group or tensor)
 ROUTING = "routing"      # per call, MoE: a routing tensor (`tensor`: a MoeAlignment field, topk_weights, expert_layout)
 TOP_K = "top_k"          # per call, MoE: assignments per activation row (a row of a is read for `top_k` of them)
-ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K)
+OUT_TOP_K = "out_top_k"  # per call, MoE atomic top-k reduction: assignments per output row (row i / out_top_k)
+ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K, OUT_TOP_K)
 CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
 
 

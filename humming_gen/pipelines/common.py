@@ -11,8 +11,8 @@ from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedS
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT,
-                                        GroupPlan, KernelArg, WeightLayout)
+from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K,
+                                        WEIGHT, GroupPlan, KernelArg, WeightLayout)
 from humming_gen.schemes import QuantScheme
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
@@ -205,10 +205,15 @@ def routing_args(compute: ComputeConfig) -> list[KernelArg]:
 
 
 def top_k_args(compute: ComputeConfig) -> list[KernelArg]:
-    """The last Params field of an indexed MoE kernel: assignments per row of a."""
+    """The last Params fields of an indexed MoE kernel: assignments per row of a (and, atomic top-k reduction, per
+    row of c)."""
     if compute.gemm != "indexed":
         return []
-    return [KernelArg("top_k", "int", TOP_K, "assignments per row of a (assignment i reads row i / top_k)")]
+    args = [KernelArg("top_k", "int", TOP_K, "assignments per row of a (assignment i reads row i / top_k)")]
+    if compute.topk_reduce == "atomic":
+        args.append(KernelArg("out_top_k", "int", OUT_TOP_K, "assignments per row of c (assignment i adds into row "
+                                                             "i / out_top_k)"))
+    return args
 
 
 def kernel_name(layer: LayerConfig, tuning: TuningConfig, target: Target, suffix: str = "") -> str:

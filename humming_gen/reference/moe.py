@@ -83,6 +83,35 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                         counts.to(i32), inverse.to(i32))
 
 
+TOPK_SUM_ACCUMULATORS = 4  # torch.sum's CUDA reduction: vt0 = 4 accumulators per thread (ATen/native/cuda/Reduce.cuh)
+
+
+def topk_sum_reference(y: torch.Tensor, inverse: torch.Tensor, top_k: int, dtype: torch.dtype,
+                       accumulators: int = TOPK_SUM_ACCUMULATORS) -> torch.Tensor:
+    """(M, H) `dtype`: each token's top_k rows of y ((M * top_k, H), assignment i = m * top_k + j) summed in fp32
+    in the order of QuantMoE's top-k reduction, slots whose assignment was skipped (inverse[i] < 0, moe_align's
+    mark) left out, then rounded to `dtype`; the rows of skipped slots are never read (any value, NaN included).
+
+    The order, bit for bit, is that of torch.sum(y.view(M, top_k, H), dim=1, dtype=torch.float32) on CUDA over
+    rows where skipped slots hold zeros (the torch path QuantMoE took before its reduction kernel): slot j adds
+    into accumulator j % `accumulators` (each starting at +0.0, the sum's identity), and the accumulators are added
+    in order at the end, (((a0 + a1) + a2) + a3). For top_k <= 4 that is plain slot order. Leaving a zero row out
+    changes no bit: an accumulator that starts at +0.0 is never -0.0, and x + 0.0 == x for every other x.
+    Elementwise fp32 adds only, so the result is the same on any device (tests compare the kernel with it)."""
+    m = inverse.numel() // top_k if top_k else 0
+    rows = y.reshape(m, top_k, y.shape[-1])
+    keep = (inverse.reshape(m, top_k) >= 0).to(rows.device)
+    zero = torch.zeros((), dtype=torch.float32, device=rows.device)
+    acc = [torch.zeros(m, y.shape[-1], dtype=torch.float32, device=rows.device) for _ in range(max(accumulators, 1))]
+    for j in range(top_k):
+        term = torch.where(keep[:, j, None], rows[:, j].float(), zero)
+        acc[j % accumulators] = acc[j % accumulators] + term
+    total = acc[0]
+    for a in acc[1:]:
+        total = total + a
+    return total.to(dtype)
+
+
 def gated_activation(h: torch.Tensor, activation: str = "silu_mul", gate_up_layout: str = "split",
                      swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
     """(..., 2I) -> (..., I): gate and up taken from h as `gate_up_layout` stores them ("split": [gate; up],

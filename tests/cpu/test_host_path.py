@@ -19,6 +19,7 @@ import torch
 import humming_gen as hg
 import humming_gen.activation.api as api
 import humming_gen.moe.align as align
+import humming_gen.moe.reduce as reduce
 import humming_gen.runtime as runtime
 from humming_gen.layer import eager
 from humming_gen.layer.eager import direct_call
@@ -35,14 +36,12 @@ E, H, I, TOP_K = 16, 256, 128, 4
 # check of moe_align (min / max / item on CPU topk_ids, skipped for CUDA tensors) is left out.
 LINEAR_OPS = {"w4a16-int4-g128": Counter({"aten::empty": 1}),          # the output
               "w8a8-fp8-channel": Counter({"aten::empty": 3})}         # output, codes, scales
-_MOE_OPS = Counter({"aten::empty": 7, "aten::to": 2, "aten::slice": 2,  # routing (6), h, the gated activation
-                    "aten::silu": 1, "aten::mul": 1,
-                    "aten::zeros": 1, "aten::view": 2, "aten::sum": 1})   # GEMM2's rows, the fp32 top-k sum, cast
-_MOE_OPS["aten::to"] += 1
+_MOE_OPS = Counter({"aten::empty": 9, "aten::to": 2, "aten::slice": 2,  # routing (6), h, the gated activation,
+                    "aten::silu": 1, "aten::mul": 1, "aten::view": 1})    # GEMM2's rows, the top-k reduction's output
 MOE_OPS = {"w4a16-int4-g128": _MOE_OPS,
            "w8a8-fp8-channel": _MOE_OPS + Counter({"aten::empty": 4})}  # codes and scales of both GEMM inputs
 LAUNCHES = {("linear", "w4a16-int4-g128"): 1, ("linear", "w8a8-fp8-channel"): 2,   # (quantize,) GEMM
-            ("moe", "w4a16-int4-g128"): 3, ("moe", "w8a8-fp8-channel"): 5}         # align, (quantize,) 2 GEMMs
+            ("moe", "w4a16-int4-g128"): 4, ("moe", "w8a8-fp8-channel"): 6}         # align, (quantize,) 2 GEMMs, sum
 # Python function calls of one warm forward (sys.setprofile 'call' events), about 25% above today's count.
 PY_CALLS = {("linear", "w4a16-int4-g128"): 24, ("linear", "w8a8-fp8-channel"): 39,   # today 19, 31
             ("moe", "w4a16-int4-g128"): 65, ("moe", "w8a8-fp8-channel"): 95}         # today 52, 76
@@ -81,6 +80,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(api, "_DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(api, "_target", lambda device: TARGET)
     monkeypatch.setattr(align, "_target", lambda index: TARGET)
+    monkeypatch.setattr(reduce, "_DEVICE_TYPES", ("cuda", "cpu"))
 
     def align_cuda_path(topk_ids, num_experts, block_m, expert_map=None):  # the kernels' path, on CPU tensors
         outputs = align._empty_outputs(topk_ids, num_experts, block_m)
@@ -93,6 +93,8 @@ def launches(monkeypatch):
     monkeypatch.setattr(align, "build", functools.lru_cache(maxsize=None)(align.build.__wrapped__))
     monkeypatch.setattr(api, "_plans", {})
     monkeypatch.setattr(align, "_kernels", {})
+    monkeypatch.setattr(reduce, "build", functools.lru_cache(maxsize=None)(reduce.build.__wrapped__))
+    monkeypatch.setattr(reduce, "_kernels", {})
     return calls
 
 
@@ -245,3 +247,22 @@ def test_per_token_rows_take_a_warp_each_when_short(launches, scheme, k, m, kern
     name, launched_grid, _ = launches[-1]
     assert name.startswith("act_quantize_") and kernel_tag in name, name
     assert launched_grid[0] == grid, (name, launched_grid)
+
+
+def test_topk_reduce_launch(launches):
+    """The top-k reduction's launch: one CTA per (token, 128 vectors of its row), Params in field order; an `out`
+    with 16-byte aligned rows is written in place (its row stride passed), another goes through a temporary."""
+    m, top_k, h = 37, 3, 2880
+    y = torch.randn(m * top_k, h).bfloat16()
+    inverse = torch.arange(m * top_k, dtype=torch.int32)
+    buf = torch.empty(m, 4000).bfloat16()
+    for out, ldo, direct in ((None, h, False), (buf[:, :h], 4000, True), (buf[:, 8:8 + h], 4000, True),
+                             (buf[:, 1:1 + h], h, False)):
+        launches.clear()
+        got = reduce.topk_reduce(y, inverse, top_k, out, target=TARGET)
+        (name, grid, params), = launches
+        assert name.startswith("moe_topk_reduce_bfloat16_sm_90a_") and grid == (m, 3, 1), (name, grid)
+        ptrs, (ldy, ld, k, vectors) = struct.unpack("<3Q", params[:24]), struct.unpack("<qqii", params[24:])
+        assert ptrs[:2] == (y.data_ptr(), inverse.data_ptr()) and (ldy, ld, k, vectors) == (h, ldo, top_k, h // 8)
+        assert (ptrs[2] == (got if out is None else out).data_ptr()) == (direct or out is None)
+        assert out is None or got is out

@@ -30,8 +30,10 @@ class MoeStandIn:
         self.kernel, self.w, self.bias = kernel, w, bias
         self.calls = 0
 
-    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None):
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_top_k=None):
         assert a_scale is None  # 16-bit activations
+        atomic = self.kernel.plan.compute.topk_reduce == "atomic"
+        assert (out_top_k is not None) == atomic
         self.calls += 1
         weighted = self.kernel.plan.compute.topk_weight
         assert (topk_weights is not None) == weighted
@@ -40,7 +42,7 @@ class MoeStandIn:
         assert total % block_m == 0
         ids = routing.sorted_ids[:total].long()
         experts = routing.expert_ids[:total // block_m].long().repeat_interleave(block_m)
-        keep = ids < out.shape[0]
+        keep = ids < out.shape[0] * (out_top_k or 1)
         ids, experts = ids[keep], experts[keep]
         rows = torch.zeros(ids.numel(), self.w.shape[1], dtype=torch.float64)
         for e in range(self.w.shape[0]):
@@ -52,6 +54,10 @@ class MoeStandIn:
             rows = gated_tile_rows(rows, self.kernel.plan.compute.epilogue_activation)
         if weighted:
             rows *= topk_weights[ids].double()[:, None]
+        if atomic:  # the epilogue's red.global.add.f32 of each fp32 row into its token's row (in some order)
+            assert out.dtype == torch.float32
+            out.index_add_(0, ids // out_top_k, rows.float())
+            return
         out[ids] = rows.to(out.dtype)
 
 

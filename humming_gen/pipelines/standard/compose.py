@@ -12,6 +12,7 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.mma_sync import MmaSyncM16N8K16
 from humming_gen.components.ptx.wrappers import wrappers_for
@@ -174,9 +175,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
     out_scale = has_out_scale(s)
-    epilogue.append(StoreOutput(dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias,
-                                row_map=gather, topk_weight=compute.topk_weight,
-                                gated=compute.epilogue_activation or ""))
+    # (an atomic top-k reduction: the same factors, added into the tokens' fp32 rows: epilogue.topk_atomic)
+    epilogue.append(fused_topk_store(compute, StoreOutput(
+        dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias, row_map=gather,
+        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "")))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
@@ -189,7 +191,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 pdl=pdl, arbitrary_groups=bool(group and group.arbitrary),
                                 expert_tensors=experts, grouped=moe and not gather)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, warp_m // 8)) + tuple(body)
+    components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, warp_m // 8))
+                  + tuple(body))
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)

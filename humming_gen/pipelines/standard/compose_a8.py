@@ -29,6 +29,7 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
+from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.memory.shared_reads import BTilePairShared4, BTileShared8, GroupScalesGlobal
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT
 from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32, MmaSyncM16N8K64S4
@@ -395,11 +396,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(WarpKReduce(warps_k=t.warps_k))
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
-    epilogue.append(StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
-                                bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
-                                token_scale="" if agroups else a.granularity, row_map=gather,
-                                topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
-                                token_scale_smem=quantize_a and not static))
+    epilogue.append(fused_topk_store(compute, StoreOutput(
+        dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
+        atom=MMA_SYNC_M16N8K32_8BIT, token_scale="" if agroups else a.granularity, row_map=gather,
+        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
+        token_scale_smem=quantize_a and not static)))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, n_pad)
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
@@ -414,8 +415,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                   static_a_scale=static)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     # (a_load='quantize': CvtScalar's to_float reads x too)
-    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias or quantize_a,
-                                    warp_m // 8)) + tuple(body)
+    components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias or quantize_a,
+                                     warp_m // 8)) + tuple(body))
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)

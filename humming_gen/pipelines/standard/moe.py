@@ -59,4 +59,5 @@ def moe_name_suffix(compute: ComputeConfig) -> str:
     if compute.gemm not in MOE_GEMMS:
         return ""
     return (_SUFFIX[compute.gemm] + ("_topkw" if compute.topk_weight else "")
-            + (f"_{compute.epilogue_activation}" if compute.epilogue_activation else ""))
+            + (f"_{compute.epilogue_activation}" if compute.epilogue_activation else "")
+            + (f"_{compute.topk_reduce}" if compute.topk_reduce else ""))

@@ -17,6 +17,7 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
+from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WgmmaRS
@@ -253,11 +254,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
     # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     routed_gemm1 = compute.gemm == "indexed" and not compute.topk_weight
-    staged = staged_store(layer, t, routed_gemm1)
-    epilogue.append((StoreOutputStaged if staged else StoreOutput)(
+    # (an atomic top-k reduction adds into the tokens' fp32 rows directly, unstaged: epilogue.topk_atomic)
+    staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None
+    epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
-        gated=compute.epilogue_activation or "", tile_rows=gather))
+        gated=compute.epilogue_activation or "", tile_rows=gather)))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
@@ -269,7 +271,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                        split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
                                        staged_store=staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    components = tuple(wrappers_for(body, dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
+    components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
+                  + tuple(body))
     reasons = missing_features(components, target) + missing_symbols(components)
     if reasons:
         raise compose_error(reasons)

@@ -32,6 +32,7 @@ import attrs
 
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
+from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8, WgmmaSS8
 from humming_gen.components.numeric.exponent_fold import ROWS as EXPONENT_ROWS
@@ -266,11 +267,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # indexed MoE: each row to its assignment's row of c (times its token's activation scale and router weight), or
     # the gated activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators
     # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
-    staged = staged_store(layer, t)
-    epilogue.append((StoreOutputStaged if staged else StoreOutput)(
+    staged = staged_store(layer, t) and compute.topk_reduce is None  # (atomic top-k reduction: unstaged adds)
+    epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
         dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
-        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather))
+        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather)))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
     # deltas and the row factors in out_scale, per expert like the group scales they replace)
@@ -290,7 +291,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, shared_weights=shared_weights)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
-    components = tuple(wrappers_for(body, layer.dtype, layer.out_dtype, layer.has_bias, t.block_m // 8)) + tuple(body)
+    components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
+                  + tuple(body))
     reasons = missing_features(components, target) + missing_symbols(components)
     smem = shared_memory(layer, t)
     prefix = expert_prefix_bytes(layer, compute)

@@ -1,0 +1,233 @@
+"""The MoE top-k reduction: `ReduceConfig` (what to generate) -> components -> source -> compiled kernel, and
+`topk_reduce`, which runs it.
+
+GEMM2 of QuantMoE writes one row per assignment (i = m * top_k + j, the router weight applied); this kernel sums a
+token's top_k rows in fp32 and writes the token's output row in the layer's dtype. Deterministic: no atomics, each
+output element is summed by one thread in a fixed order, the order of the torch path it replaces (torch.sum over the
+slots in fp32 on CUDA, then the cast; humming_gen.reference.moe.topk_sum_reference spells it out), so the bits are
+those of that path. Slots whose assignment moe_align skipped (its `inverse` entry is -1: a -1 id, an id outside the
+range, an expert that expert_map sends to -1) are left out and their rows never read, so GEMM2's output needs no
+zero fill.
+
+One CTA per (token, chunk of the row): blockIdx.x the token, blockIdx.y the chunk of kThreads 16-byte vectors (8
+columns each), one vector per thread. top_k, H and the strides are kernel arguments: one kernel per (dtype, target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import re
+import struct
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+import humming_gen.runtime as runtime
+from humming_gen.codegen import standalone
+from humming_gen.components.base import Component
+from humming_gen.components.ptx.wrappers import CvtScalar, GridDependency
+from humming_gen.reference.moe import TOPK_SUM_ACCUMULATORS, topk_sum_reference
+from humming_gen.targets import Target
+
+DTYPES = ("bfloat16", "float16")
+THREADS = 128   # threads (16-byte vectors of a row) per CTA
+VECTOR = 8      # 16-bit elements per 16-byte vector
+VERSION = "0.1.0"
+_TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@attrs.frozen
+class ReduceConfig:
+    """One top-k reduction kernel: the dtype of GEMM2's rows and of the output (the layer's), and the target."""
+
+    dtype: str
+    target: Target
+
+    def __attrs_post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"ReduceConfig.dtype: got {self.dtype!r}; allowed: {DTYPES}")
+        if self.dtype == "bfloat16":
+            self.target.require("mma_bf16", "the top-k reduction's bfloat16 conversions (cvt.rn.bf16.f32)")
+
+    @property
+    def pdl(self) -> bool:
+        return self.target.has("pdl")
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "target": self.target.name}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def summary(self) -> str:
+        return (f"moe_topk_reduce {self.dtype} -> fp32 sum -> {self.dtype} threads={THREADS} "
+                f"accumulators={TOPK_SUM_ACCUMULATORS} pdl={'yes' if self.pdl else 'no'}")
+
+    @property
+    def kernel_name(self) -> str:
+        name = f"moe_topk_reduce_{self.dtype}_{self.target.name}"
+        return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
+
+
+@attrs.frozen
+class RowVectors(Component):
+    """16-byte vectors of a 16-bit row: load into fp32, add (add.rn.f32, never contracted or flushed), store."""
+
+    template: ClassVar[str] = "moe/topk_reduce_vectors.cuh.j2"
+    family: ClassVar[str] = "memory"
+    dtype: str
+
+
+@attrs.frozen
+class Skeleton(Component):
+    """The kernel entry: a token's top_k rows summed over one chunk of columns."""
+
+    template: ClassVar[str] = "moe/topk_reduce.cuh.j2"
+    family: ClassVar[str] = "pipeline"
+    kernel_name: str
+    pdl: bool
+
+
+def components(cfg: ReduceConfig) -> list[Component]:
+    """The components of a config's kernel, in section order."""
+    out: list[Component] = [GridDependency()] if cfg.pdl else []
+    out += [CvtScalar(dtype=cfg.dtype, out_dtype=cfg.dtype, to_float=True), RowVectors(dtype=cfg.dtype),
+            Skeleton(kernel_name=cfg.kernel_name, pdl=cfg.pdl)]
+    return out
+
+
+def constants(cfg: ReduceConfig) -> list[tuple[str, int, str]]:
+    return [("kThreads", THREADS, "threads per CTA, one 16-byte vector each"),
+            ("kVector", VECTOR, "elements per vector"),
+            ("kAccumulators", TOPK_SUM_ACCUMULATORS, "slot j adds into accumulator j % kAccumulators (torch.sum's)")]
+
+
+def param_fields(cfg: ReduceConfig) -> list[tuple[str, str, str]]:
+    """(name, C type, comment) of the kernel's by-value Params struct, in packing order."""
+    return [("y", "const void*", f"(m * top_k, n) {cfg.dtype} assignment rows, row stride ldy elements"),
+            ("inverse", "const int*", "(m * top_k,) moe_align's position of each assignment, -1 if skipped"),
+            ("out", "void*", f"(m, n) {cfg.dtype}, row stride ldo elements"),
+            ("ldy", "long long", ""), ("ldo", "long long", ""),
+            ("top_k", "int", "assignments per token"), ("vectors", "int", "n / kVector")]
+
+
+def params_struct(cfg: ReduceConfig) -> struct.Struct:
+    """struct.Struct packing Params with C alignment (8-byte fields aligned, tail padded to 8)."""
+    return standalone.params_struct(param_fields(cfg))
+
+
+def generate(cfg: ReduceConfig, compiler: str | None = None) -> str:
+    """The kernel's complete .cu (deterministic)."""
+    return standalone.render_source(cfg, "moe/topk_reduce_header.cuh.j2", VERSION, components(cfg), constants(cfg),
+                                    param_fields(cfg), compiler)
+
+
+@functools.lru_cache(maxsize=16)
+def build(cfg: ReduceConfig, compiler: str | None = None) -> "ReduceKernel":
+    """Generate and compile (memory and disk cache of humming_gen.runtime); one kernel object per config."""
+    from humming_gen.runtime import compile_cached
+    from humming_gen.runtime.compile import resolve_compiler
+
+    source = generate(cfg, compiler)
+    compiled = compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
+    return ReduceKernel(cfg, source, compiled)
+
+
+class ReduceKernel:
+    """A compiled top-k reduction kernel; loaded on first launch (per device)."""
+
+    def __init__(self, cfg: ReduceConfig, source: str, compiled: Any):
+        self.config, self.source, self.compiled = cfg, source, compiled
+        self.name = cfg.kernel_name
+        self.struct = params_struct(cfg)
+        self.fields = [f[0] for f in param_fields(cfg)]
+        self._functions: dict[int, Any] = {}
+        self._pdl = cfg.pdl
+
+    def __repr__(self) -> str:
+        return f"ReduceKernel({self.name})"
+
+    def launch(self, m: int, values: dict[str, int], device: int) -> None:
+        """Launch on torch's current stream (PDL where the target has it); `values` fills every Params field."""
+        fn = self._functions.get(device)
+        if fn is None:
+            fn = self._functions[device] = runtime.load(self.compiled, 0)
+        vectors = values["vectors"]
+        threads = min(THREADS, -(-vectors // 32) * 32)  # short rows: no idle warps
+        grid = (m, -(-vectors // threads), 1)
+        runtime.launch(fn, grid, (threads, 1, 1), 0, self.struct.pack(*map(values.__getitem__, self.fields)),
+                       pdl=self._pdl)
+
+
+_kernels: dict[tuple, ReduceKernel] = {}
+_targets: dict[int, Target] = {}
+_DEVICE_TYPES = ("cuda",)  # where the kernel runs (CPU tests of the host path add "cpu", with launches stubbed)
+
+
+def _target(index: int) -> Target:
+    found = _targets.get(index)
+    if found is None:
+        found = _targets[index] = Target.current(index)
+    return found
+
+
+def kernel_for(dtype: str, target: Target, compiler: str | None = None) -> ReduceKernel:
+    """build(ReduceConfig(...)) without building and hashing the config on every call."""
+    key = (dtype, id(target), compiler)
+    found = _kernels.get(key)
+    if found is None or found.config.target is not target:
+        found = _kernels[key] = build(ReduceConfig(dtype, target), compiler)
+    return found
+
+
+def topk_reduce(y: torch.Tensor, inverse: torch.Tensor, top_k: int, out: torch.Tensor | None = None,
+                target: Target | None = None, compiler: str | None = None) -> torch.Tensor:
+    """(M, H): token m's rows y[m * top_k + j] summed over its slots j in fp32, in torch.sum's CUDA order
+    (humming_gen.reference.moe.topk_sum_reference), slots with inverse[m * top_k + j] < 0 left out (their rows
+    are not read), rounded to y's dtype; written into `out` when given ((M, H), y's dtype and device).
+
+    y: (M * top_k, H) bfloat16 / float16 with unit column stride, H a multiple of 8; inverse: (M * top_k,)
+    contiguous int32 on y's device (MoeAlignment.inverse). On CUDA the generated kernel runs on torch's current
+    stream without a host sync (an `out` whose rows are not 16-byte aligned goes through a temporary); on the CPU
+    the torch reference gives the same bits. target / compiler: of the kernel (default: the device's target).
+    Raises ValueError naming the argument."""
+    if y.dim() != 2 or y.dtype not in _TORCH_DTYPES or y.stride(1) != 1:
+        raise ValueError(f"topk_reduce: y must be a 2-D bfloat16 / float16 tensor of unit column stride, got "
+                         f"{y.dtype} {tuple(y.shape)} strides {y.stride()}")
+    rows, hidden = y.shape
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0 or (rows % top_k if top_k else rows):
+        raise ValueError(f"topk_reduce: top_k = {top_k!r} must be an int >= 0 dividing y's {rows} rows")
+    m = rows // top_k if top_k else 0
+    if inverse.dtype != torch.int32 or inverse.numel() != rows or not inverse.is_contiguous() \
+            or inverse.device != y.device:
+        raise ValueError(f"topk_reduce: inverse must be a contiguous int32 tensor of {rows} entries on {y.device}, "
+                         f"got {inverse.dtype} {tuple(inverse.shape)} on {inverse.device}")
+    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != y.dtype or out.device != y.device):
+        raise ValueError(f"topk_reduce: out must be ({m}, {hidden}) {y.dtype} on {y.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if y.device.type not in _DEVICE_TYPES:
+        total = topk_sum_reference(y, inverse, top_k, y.dtype)
+        return total if out is None else out.copy_(total)
+    if hidden % VECTOR:
+        raise ValueError(f"topk_reduce: H = {hidden} must be a multiple of {VECTOR} (16-byte vectors)")
+    # the kernel reads and writes rows in 16-byte pieces; anything else goes through a temporary or a copy
+    direct = out is not None and out.stride(1) == 1 and out.stride(0) % VECTOR == 0 and out.data_ptr() % 16 == 0
+    result = out if direct else torch.empty(m, hidden, dtype=y.dtype, device=y.device)
+    if m and hidden:
+        if y.stride(0) % VECTOR or y.data_ptr() % 16:
+            y = y.contiguous()
+        current = torch.cuda.current_device()
+        index = y.device.index if y.device.index is not None else current
+        kernel = kernel_for(_TORCH_DTYPES[y.dtype], target if target is not None else _target(index), compiler)
+        values = {"y": y.data_ptr(), "inverse": inverse.data_ptr(), "out": result.data_ptr(), "ldy": y.stride(0),
+                  "ldo": result.stride(0), "top_k": top_k, "vectors": hidden // VECTOR}
+        # NOTE: the device switch only where needed: entering torch.cuda.device costs about as much as a launch
+        with torch.cuda.device(index) if index != current else contextlib.nullcontext():
+            kernel.launch(m, values, index)
+    if out is not None and not direct:
+        return out.copy_(result)
+    return result
