@@ -1,6 +1,7 @@
-"""8-bit weights read by wgmma from shared memory (b_operand='shared', heuristics.shared_weight_tunings) against
-the default plan (standard pipeline to M = 16, warp-specialized with register weights from 17): N = K = 8192, graph
-us per layer including the activation quantization. Usage: python bench/ss_bench.py [formats] [M list]"""
+"""Plans of a dense layer with 8-bit activations on the H200 (N = K = 8192, graph us per layer including the
+activation quantization): the default (standard pipeline to M = 16, warp-specialized with register weights from 17),
+every bucket warp-specialized with register weights ("ws"), and with weights read from shared memory ("shared",
+b_operand='shared', 8-bit weights only). Usage: python bench/ss_bench.py [formats] [M list] [plans]"""
 
 from __future__ import annotations
 
@@ -10,24 +11,28 @@ import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
-from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import warp_specialized_a8_tunings
 
 FORMATS = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 MS = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64,256,1024,4096,8192").split(",")]
+PLANS = (sys.argv[3] if len(sys.argv) > 3 else "default,ws,shared").split(",")
 n = k = 8192
 torch.manual_seed(0)
 print("| format | plan | " + " | ".join(f"M={m}" for m in MS) + " |\n|---|---|" + "---|" * len(MS))
 for name in FORMATS:
     qws = [hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
-    default = [hg.QuantLinear.from_quantized(q) for q in qws]
-    plan = shared_weight_tunings(default[0].layer_config, default[0].target)
-    shared = [hg.QuantLinear.from_quantized(q, tunings=plan) for q in qws]
-    rows = {"default": [], "shared": []}
+    layers = {"default": [hg.QuantLinear.from_quantized(q) for q in qws]}
+    base = layers["default"][0]
+    for plan, operand in (("ws", "registers"), ("shared", "shared")):
+        if plan in PLANS and (operand == "registers" or base.scheme.weight.bits == 8):
+            tunings = warp_specialized_a8_tunings(base.layer_config, base.target, operand)
+            layers[plan] = [hg.QuantLinear.from_quantized(q, tunings=tunings) for q in qws]
+    rows = {plan: [] for plan in layers if plan in PLANS}
     for m in MS:
         x = torch.randn(m, k, device="cuda").bfloat16()
-        for label, layers in (("default", default), ("shared", shared)):
-            rows[label].append(f"{graph_time_us(layers, x):.1f}")
-    for label, cells in rows.items():
-        print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
-    del default, shared, qws
+        for plan in rows:
+            rows[plan].append(f"{graph_time_us(layers[plan], x):.1f}")
+    for plan, cells in rows.items():
+        print(f"| {name} | {plan} | " + " | ".join(cells) + " |", flush=True)
+    del layers, qws
     torch.cuda.empty_cache()

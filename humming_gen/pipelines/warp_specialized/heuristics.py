@@ -161,19 +161,25 @@ def weight_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
-SHARED_WEIGHT_BUCKETS = (8, 16) + A8_BUCKETS  # every bucket: all a layer's kernels read the BLayoutSw128 copy
+ALL_M_BUCKETS_A8 = (8, 16) + A8_BUCKETS  # every bucket of a layer on the warp-specialized 8-bit kernels
+
+
+def warp_specialized_a8_tunings(layer: LayerConfig, target: Target, b_operand: str = "registers") -> TuningPlan:
+    """Every bucket of a dense layer with 8-bit activations on the warp-specialized kernels (the smallest buckets
+    with 8- and 16-token tiles and split-K, as tuning_for_a8 sizes them), weights read from `b_operand`: 'shared'
+    (WgmmaSS8, 8-bit weights only) needs every bucket there, since a layer keeps one packed copy (BLayoutSw128)."""
+    plan = []
+    for m_max in ALL_M_BUCKETS_A8:
+        t = tuning_for_a8(layer, target, m_max)
+        fields = {f.name: getattr(t, f.name) for f in attrs.fields(TuningConfig) if f.init and f.name != "stages"}
+        plan.append((m_max, deepest(layer, target, {**fields, "b_operand": b_operand})))
+    return TuningPlan(tuple(plan))
 
 
 def shared_weight_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
-    """Every bucket of a dense 8-bit-weight x 8-bit-activation layer on the warp-specialized kernels that read the
-    weights from shared memory (b_operand='shared', WgmmaSS8): the a8 buckets' tiles and split-K, the smallest
-    buckets with 8- and 16-token tiles, so the layer keeps one packed copy in BLayoutSw128."""
-    plan = []
-    for m_max in SHARED_WEIGHT_BUCKETS:
-        t = tuning_for_a8(layer, target, m_max)
-        fields = {f.name: getattr(t, f.name) for f in attrs.fields(TuningConfig) if f.init and f.name != "stages"}
-        plan.append((m_max, deepest(layer, target, {**fields, "b_operand": "shared"})))
-    return TuningPlan(tuple(plan))
+    """warp_specialized_a8_tunings with the weights read from shared memory (opt-in; measured on the H200 in
+    bench/ss_bench.py: faster than the default plan at M <= 16, slower from M = 1024 on)."""
+    return warp_specialized_a8_tunings(layer, target, "shared")
 
 
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:

@@ -1,0 +1,92 @@
+"""b_operand='shared': the 8-bit warp-specialized kernels whose wgmma reads the weights from shared memory
+(WgmmaSS8) in BLayoutSw128 panels. Composition, the packed weight, compilation without spills for sm_90a, and the
+refusals."""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import pytest
+import torch
+
+import humming_gen as hg
+from humming_gen.codegen import compose
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.kernel import build
+from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings, warp_specialized_a8_tunings
+from humming_gen.pipelines.weights import prepare_weight
+from humming_gen.schemes.packing import BLayoutSw128, unpack_codes_sw128
+from humming_gen.targets import get_target
+from helpers import assert_no_spills
+
+SCHEMES = ("w8a8-fp8-channel", "w8a8-int8-channel", "w8a8-fp8-block128", "w8a8-mxfp8")
+
+
+def _layer(scheme: str, **kw) -> LayerConfig:
+    return LayerConfig(n=4000, k=3072, scheme=scheme, **kw)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_bucket_compiles_without_spills(scheme: str) -> None:
+    layer = _layer(scheme, has_bias=True)
+    tgt = get_target("sm_90a")
+    plans = shared_weight_tunings(layer, tgt)
+    seen = set()
+    for m_max, t in plans.buckets:
+        assert (t.pipeline, t.mma, t.b_operand) == ("warp_specialized", "wgmma", "shared"), m_max
+        if (t.block_m, t.split_k > 1) in seen:
+            continue
+        seen.add((t.block_m, t.split_k > 1))
+        plan = compose(layer, ComputeConfig(), t, tgt)
+        assert plan.kernel_name.endswith("_ss") and isinstance(plan.layout.b_layout, BLayoutSw128)
+        kernel = build(plan)
+        if not (scheme == "w8a8-mxfp8" and t.block_m > 64):  # (the register-weight kernels' own spill bound)
+            assert_no_spills(kernel, plan.kernel_name)
+        src = kernel.source
+        assert "weight_descriptor(stage, step)" in src and "load_fragment" not in src and "frag[" not in src
+
+
+def test_register_weight_kernels_hold_none_of_it() -> None:
+    layer = _layer("w8a8-fp8-channel")
+    plan = warp_specialized_a8_tunings(layer, get_target("sm_90a"))
+    t = plan.for_m(4096)
+    assert t.b_operand == "registers" and "b_operand" not in t.to_dict()  # keys of existing tunings unchanged
+    src = build(compose(layer, ComputeConfig(), t, get_target("sm_90a")), compile=False).source
+    assert "weight_descriptor" not in src and "kBPanelBytes" not in src and "load_fragment" in src
+
+
+def test_prepared_weight_is_the_panels_of_the_codes() -> None:
+    layer = _layer("w8a8-fp8-channel")
+    tgt = get_target("sm_90a")
+    plan = compose(layer, ComputeConfig(), shared_weight_tunings(layer, tgt).for_m(4096), tgt)
+    w = torch.randn(layer.n, layer.k, generator=torch.Generator().manual_seed(3)) * 0.05
+    qw = hg.scheme("w8a8-fp8-channel").quantize(w)
+    prepared = prepare_weight(plan, qw, "cpu")
+    lay = plan.layout
+    assert tuple(prepared.b.shape) == (lay.n_pad // 128, lay.k_pad // 128, 128 * 128)
+    codes = unpack_codes_sw128(prepared.b, lay.b_layout, lay.n_pad, lay.k_pad)
+    assert torch.equal(codes[: layer.n, : layer.k], qw.codes.view(torch.uint8))
+    assert not codes[layer.n:].any() and not codes[:, layer.k:].any()  # padding holds zero codes
+
+
+@pytest.mark.parametrize("scheme,gemm,change,needle", [
+    ("w4a8-mxfp4-fp8", "dense", {}, "the shared-memory operand is the stored 8-bit codes"),
+    ("w8a8-fp8-channel", "indexed", {}, "MoE GEMMs read the weights from registers"),
+    ("w8a8-fp8-channel", "dense", dict(cluster_m=2, b_load="tma_multicast", split_k=1, raster="n_major"),
+     "generated without clusters")])
+def test_refusals_name_the_reason(scheme: str, gemm: str, change: dict, needle: str) -> None:
+    tgt = get_target("sm_90a")
+    moe = gemm != "dense"
+    layer = LayerConfig(n=4096, k=4096, scheme=scheme, num_experts=8 if moe else 1, top_k=2 if moe else 1)
+    base = attrs.evolve(warp_specialized_a8_tunings(_layer("w8a8-fp8-channel"), tgt).for_m(4096), b_operand="shared")
+    with pytest.raises(ComposeError, match=re.escape(needle)):
+        compose(layer, ComputeConfig(gemm=gemm, topk_weight=moe), attrs.evolve(base, **change), tgt)
+
+
+def test_tuning_field_is_checked() -> None:
+    with pytest.raises(ValueError, match="b_operand"):
+        TuningConfig(b_operand="global")
+    with pytest.raises(ValueError, match="needs mma='wgmma'"):
+        TuningConfig(b_operand="shared")  # the default mma is mma.sync m16n8k16
