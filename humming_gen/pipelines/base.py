@@ -47,7 +47,9 @@ LDC = "ldc"              # per call: row stride of the output, elements
 ACTIVATION_SCALE = "activation_scale"  # per call: fp32 scales of quantized activations (per token, group or tensor)
 ROUTING = "routing"      # per call, MoE: a routing tensor (`tensor`: a MoeAlignment field, topk_weights, expert_layout)
 TOP_K = "top_k"          # per call, MoE: assignments per activation row (a row of a is read for `top_k` of them)
-ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K)
+OUTPUT_SCALE = "output_scale"  # per call: scales of an output quantized in the epilogue (or its static scale)
+ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K,
+             OUTPUT_SCALE)
 CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
 
 
