@@ -167,8 +167,8 @@ class QuantizeGatedOutput(StoreOutput):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return super().provides | {"kQuantCols", "kQuantStride", "kQuantRowVectors", "kQuantGroupLanes",
-                                   "quantize_staged"}
+        lanes = {"kQuantGroupLanes"} if self.scheme.granularity != "tensor" else set()
+        return super().provides | {"kQuantCols", "kQuantStride", "kQuantRowVectors", "quantize_staged"} | lanes
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
