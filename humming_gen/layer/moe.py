@@ -245,8 +245,9 @@ class QuantMoE(torch.nn.Module):
                              f"({tiles[0]} vs {tiles[1]}); one moe_align routing cannot serve both")
         # GEMM1 writes GEMM2's quantized input itself in the buckets whose kernels can (fused_quantization)
         self.fused_quantization = self._fuse_quantization(fused_quantization, plans[0])
-        quantized = attrs.evolve(computes[0], epilogue_quantization=self.activation_schemes[1],
-                                 epilogue_static_scale=self._static_scales[1] is not None)
+        quantized = (attrs.evolve(computes[0], epilogue_quantization=self.activation_schemes[1],
+                                  epilogue_static_scale=self._static_scales[1] is not None)
+                     if any(self.fused_quantization) else None)
         composed = [[compose(layer, quantized if index == 0 and fuse else compute, attrs.evolve(t, split_k=1),
                              self.target) for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
                     for index, (layer, compute, plan) in enumerate(zip(layers, computes, plans))]
