@@ -8,7 +8,7 @@ through the same routing, multiplies by the router weight in its epilogue, and t
 
 Schemes that quantize activations (W8A8, W4A8): x is quantized once per forward (humming_gen.quantize_activation,
 per token rows) and GEMM1 gathers rows of its codes and their scales; the gated activation's rows are quantized
-again for GEMM2.
+again for GEMM2, by GEMM1's epilogue where its kernel can (fused_quantization), else by quantize_activation.
 """
 
 from __future__ import annotations
