@@ -11,6 +11,7 @@ import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
 from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUT_TOP_K, OUTPUT,
+                                        OUTPUT_SCALE,
                                         ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 import humming_gen.runtime as runtime
@@ -127,7 +128,7 @@ class Launcher:
         self._routing_slots: dict[str, int] = {}  # MoE: routing tensor -> index in _values
         for a in plan.args:
             self._values.append(self._bound_value(a))
-            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K, OUT_TOP_K):
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K, OUT_TOP_K, OUTPUT_SCALE):
                 self._per_call[a.kind] = len(self._values) - 1
             elif a.kind == ROUTING:
                 self._routing_slots[a.tensor] = len(self._values) - 1
@@ -238,14 +239,16 @@ class Launcher:
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
             topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
-            out_top_k: int | None = None) -> None:
+            out_top_k: int | None = None, out_scale: torch.Tensor | None = None) -> None:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
         other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does.
         Quantized activations: `a` holds the codes and `a_scale` their fp32 scales, per row of `a` (read through
         the same routing) or one per tensor. A kernel with the atomic top-k reduction (ComputeConfig.topk_reduce)
         adds assignment row i into row i // out_top_k of `out` instead (fp32, (rows / out_top_k, N), zeroed by the
-        caller); only such a kernel takes `out_top_k`."""
+        caller); only such a kernel takes `out_top_k`. A kernel whose epilogue quantizes its output
+        (ComputeConfig.epilogue_quantization) writes codes into `out` (rows of bytes) and their scales into
+        `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -265,6 +268,13 @@ class Launcher:
         if slot is not None:
             values[slot] = out_top_k
             rows *= out_top_k  # m counts assignments, out_top_k per row of out
+        out_scale_slot = self._per_call.get(OUTPUT_SCALE)
+        if (out_scale is None) != (out_scale_slot is None):
+            raise ValueError(f"kernel {self.kernel.name}: " + (
+                "its epilogue quantizes the output; pass out_scale" if out_scale is None
+                else "out_scale given, but this kernel's epilogue does not quantize its output"))
+        if out_scale is not None:
+            values[out_scale_slot] = out_scale.data_ptr()
         values[self._per_call[TOP_K]] = top_k
         values[slots["sorted_ids"]] = routing.sorted_ids.data_ptr()
         values[slots["expert_ids"]] = routing.expert_ids.data_ptr()

@@ -6,9 +6,11 @@ of what the caller asks for rather than something a heuristic may pick.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
-from humming_gen.config.validate import JsonConfig, check_bool, check_choice, raise_reasons
+from humming_gen.config.validate import JsonConfig, check_bool, check_choice, fail, raise_reasons
 
 # dense: one weight. indexed: MoE, each token row gathers its experts' weights through an index list.
 # grouped_contiguous: MoE with rows already sorted into per-expert segments. grouped_masked: MoE with a fixed
@@ -37,6 +39,9 @@ class ComputeConfig(JsonConfig):
     topk_weight: multiply each output row by its router weight (MoE only).
     topk_reduce: None, or "atomic": add each assignment's row into row assignment / top_k of an fp32 output with
         atomic adds (indexed MoE GEMM2 with topk_weight; non-deterministic summation order).
+    epilogue_quantization: MoE GEMM1 with a gated epilogue_activation writes its output quantized for GEMM2 (an
+        ActivationScheme or its dict form: codes and scales in quantize_activation's layout), or None.
+    epilogue_static_scale: that scheme's per-tensor scale is static (read from the c_scale argument).
     """
 
     gemm: str = "dense"
@@ -45,8 +50,11 @@ class ComputeConfig(JsonConfig):
     input_scale_layout: str = "row_major"
     epilogue_activation: str | None = None
     topk_weight: bool = False
-    # (listed only when set: configs without it keep their JSON, keys and generated sources)
+    # (listed only when set: configs without them keep their JSON, keys and generated sources)
     topk_reduce: str | None = attrs.field(default=None, metadata={"listed_when_set": True})
+    epilogue_quantization: Any = attrs.field(default=None, converter=lambda v: _activation_scheme(v),
+                                             metadata={"listed_when_set": True})
+    epilogue_static_scale: bool = attrs.field(default=False, metadata={"listed_when_set": True})
     _key_cache: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     __hash__ = JsonConfig.__hash__
@@ -60,6 +68,7 @@ class ComputeConfig(JsonConfig):
         check_choice(o, "epilogue_activation", self.epilogue_activation, EPILOGUE_ACTIVATIONS)
         check_bool(o, "topk_weight", self.topk_weight)
         check_choice(o, "topk_reduce", self.topk_reduce, TOPK_REDUCES)
+        check_bool(o, "epilogue_static_scale", self.epilogue_static_scale)
         reasons = []
         if self.topk_reduce is not None and (self.gemm != "indexed" or not self.topk_weight
                                              or self.epilogue_activation is not None):
@@ -68,7 +77,29 @@ class ComputeConfig(JsonConfig):
                            f"epilogue_activation={self.epilogue_activation!r}")
         if self.topk_weight and self.gemm not in MOE_GEMMS:
             reasons.append(f"topk_weight=True needs an MoE gemm {MOE_GEMMS}, got gemm={self.gemm!r}")
+        q = self.epilogue_quantization
+        if q is not None:
+            from humming_gen.schemes.scheme import ActivationScheme
+
+            if not isinstance(q, ActivationScheme):
+                fail(o, "epilogue_quantization", q, "an ActivationScheme, its dict form or None", TypeError)
+            if self.gemm != "indexed" or self.epilogue_activation is None:
+                reasons.append(f"epilogue_quantization quantizes MoE GEMM1's gated output: it needs gemm='indexed' "
+                               f"and an epilogue_activation, got gemm={self.gemm!r}, "
+                               f"epilogue_activation={self.epilogue_activation!r}")
+            if self.topk_weight:
+                reasons.append("epilogue_quantization is GEMM1's (no router weight), got topk_weight=True")
+            if self.epilogue_static_scale and q.granularity != "tensor":
+                reasons.append(f"epilogue_static_scale needs granularity 'tensor', got {q.granularity!r}")
+        elif self.epilogue_static_scale:
+            reasons.append("epilogue_static_scale=True without an epilogue_quantization")
         raise_reasons(o, reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.epilogue_quantization is not None:
+            d["epilogue_quantization"] = self.epilogue_quantization.to_dict()
+        return d
 
     @property
     def is_moe(self) -> bool:
@@ -78,5 +109,19 @@ class ComputeConfig(JsonConfig):
         """One line for the generated source's header; holds every field."""
         epilogue = [e for e in (self.epilogue_activation, "topk_weight" if self.topk_weight else None,
                                 f"topk_reduce_{self.topk_reduce}" if self.topk_reduce else None) if e]
+        q = self.epilogue_quantization
+        if q is not None:
+            gran = f"g{q.group_size}" if q.granularity == "group" else q.granularity
+            epilogue.append(f"quantize:{q.dtype.name}/{q.scale_dtype.name}/{gran}"
+                            + ("/static" if self.epilogue_static_scale else ""))
         return (f"compute gemm={self.gemm} batch_invariant={'yes' if self.batch_invariant else 'no'} "
                 f"accum={self.accumulate} input_scale={self.input_scale_layout} epilogue=[{','.join(epilogue)}]")
+
+
+def _activation_scheme(value: Any) -> Any:
+    """Accept an ActivationScheme or its to_dict() form (JSON round trip); anything else is left for the check."""
+    if isinstance(value, dict):
+        from humming_gen.schemes.scheme import ActivationScheme
+
+        return ActivationScheme.from_dict(value)
+    return value

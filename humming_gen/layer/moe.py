@@ -8,10 +8,12 @@ through the same routing, multiplies by the router weight in its epilogue, and t
 
 Schemes that quantize activations (W8A8, W4A8): x is quantized once per forward (humming_gen.quantize_activation,
 per token rows) and GEMM1 gathers rows of its codes and their scales; the gated activation's rows are quantized
-again for GEMM2.
+again for GEMM2, by GEMM1's epilogue where its kernel can (fused_quantization), else by quantize_activation.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -25,6 +27,10 @@ from humming_gen.layer.ops import register_layer
 from humming_gen.layer.weights import PreparedWeight, fold_serves, resolve_device, scales_fold
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
+
+if TYPE_CHECKING:
+    from humming_gen.config import TuningConfig
+    from humming_gen.schemes.scheme import ActivationScheme
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 TOPK_REDUCES = ("deterministic", "atomic")  # QuantMoE(topk_reduce=...)
@@ -56,6 +62,34 @@ def fused_activation_reasons(q13: QuantizedWeight, activation: str, swiglu_alpha
         reasons.append(f"the fused swiglu uses alpha={SWIGLU_ALPHA}, limit={SWIGLU_LIMIT}; got alpha={swiglu_alpha}, "
                        f"limit={swiglu_limit}")
     return reasons
+
+
+def fused_quantization_reasons(gemm1_activation: "ActivationScheme | None", gemm2_activation: "ActivationScheme | None",
+                               static_scale: bool, fused_activation: bool, intermediate: int,
+                               tuning: "TuningConfig | None" = None) -> list[str]:
+    """Why GEMM1's epilogue cannot write GEMM2's quantized input (codes and scales in quantize_activation's layout)
+    instead of 16-bit act(gate, up) rows (empty: it can). The activation schemes are those the GEMMs run (None:
+    16-bit); static_scale: GEMM2's per-tensor scale is a checkpoint's input_scale. With `tuning` (a GEMM1 kernel's),
+    also what its pipeline and tile allow: one CTA must hold every element of each scale."""
+    from humming_gen.components.epilogue.quantize_output import output_quantization_reasons
+
+    reasons = []
+    if gemm2_activation is None:
+        return ["GEMM2 reads 16-bit activations: there is nothing to quantize"]
+    if not fused_activation:
+        reasons.append("GEMM1 does not apply the gated activation in its epilogue (fused_activation), so the "
+                       "activation runs between the GEMMs")
+    if gemm1_activation is None:
+        reasons.append("GEMM1 runs 16-bit activations: only the 8-bit kernels' epilogue quantizes its output")
+    if tuning is None:
+        if gemm2_activation.granularity == "tensor" and not static_scale:
+            reasons.append("a dynamic per-tensor scale needs the amax of every row of the batch, which no CTA holds "
+                           "(give a static input_scale to fuse)")
+        return reasons
+    if tuning.pipeline != "standard":
+        reasons.append(f"the {tuning.pipeline} pipeline's epilogue does not quantize its output yet (the standard "
+                       f"pipeline's does: pipeline='standard')")
+    return reasons + output_quantization_reasons(gemm2_activation, static_scale, 2 * intermediate, tuning.block_n)
 
 
 def prepare_moe_weight(plan, qw: QuantizedWeight, device: torch.device | str) -> PreparedWeight:
@@ -91,6 +125,14 @@ class QuantMoE(torch.nn.Module):
     grouped_moe_gemm, launcher_for with "w13" are refused). None (the default) fuses wherever the kernels can
     (`fused_activation_reasons`: not block-scaled w13, nor swiglu with another alpha / limit), True refuses to
     build otherwise, False never fuses; `self.fused_activation` says what the layer does.
+    fused_quantization: where GEMM2 quantizes its input (8-bit schemes), GEMM1's epilogue writes GEMM2's codes and
+    scales itself, after the fused gated activation (rounded to `dtype` first, so the codes are bitwise those of
+    quantize_activation on the unfused rows), instead of 16-bit rows and a quantize_activation kernel. Per bucket:
+    where one CTA of its GEMM1 kernel holds every element of each scale (`fused_quantization_reasons`: group scales
+    whose group divides the tile's features, per-token scales where the tile covers the whole row, a static
+    per-tensor scale; the standard pipeline's kernels). None (the default) fuses the buckets whose reasons are
+    empty, True refuses to build unless every bucket fuses, False never fuses; `self.fused_quantization` says
+    which buckets do (a tuple, one bool per bucket).
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
@@ -117,7 +159,7 @@ class QuantMoE(torch.nn.Module):
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
                  weight_only: bool = False, strict: bool = False, pipeline: str | None = None,
-                 topk_reduce: str = "deterministic"):
+                 topk_reduce: str = "deterministic", fused_quantization: bool | None = None):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings, moe_tunings
@@ -215,8 +257,14 @@ class QuantMoE(torch.nn.Module):
         if tiles[0] != tiles[1]:
             raise ValueError(f"the gate/up and down GEMMs' heuristics chose different M buckets or token tiles "
                              f"({tiles[0]} vs {tiles[1]}); one moe_align routing cannot serve both")
-        composed = [[compose(layer, compute, attrs.evolve(t, split_k=1), self.target) for _, t in plan.buckets]
-                    for layer, compute, plan in zip(layers, computes, plans)]
+        # GEMM1 writes GEMM2's quantized input itself in the buckets whose kernels can (fused_quantization)
+        self.fused_quantization = self._fuse_quantization(fused_quantization, plans[0])
+        quantized = (attrs.evolve(computes[0], epilogue_quantization=self.activation_schemes[1],
+                                  epilogue_static_scale=self._static_scales[1] is not None)
+                     if any(self.fused_quantization) else None)
+        composed = [[compose(layer, quantized if index == 0 and fuse else compute, attrs.evolve(t, split_k=1),
+                             self.target) for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
+                    for index, (layer, compute, plan) in enumerate(zip(layers, computes, plans))]
         assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
         kernels = build_many(composed[0] + composed[1], compiler=compiler)
         k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):]
@@ -233,6 +281,23 @@ class QuantMoE(torch.nn.Module):
         if topk_reduce == "deterministic":
             kernel_for(_DTYPE_NAME[dtype], self.target, compiler)  # the top-k reduction, compiled with the GEMMs
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
+
+    def _fuse_quantization(self, requested: bool | None, plan) -> tuple[bool, ...]:
+        """Per bucket of GEMM1's plan: its epilogue quantizes GEMM2's input (fused_quantization: None where the
+        reasons are empty, True everywhere or ValueError with the reasons, False nowhere)."""
+        if requested is False:
+            return (False,) * len(plan.buckets)
+        static = self._static_scales[1] is not None
+        reasons = {m: fused_quantization_reasons(*self.activation_schemes, static, self.fused_activation,
+                                                 self.intermediate, t) for m, t in plan.buckets}
+        if requested and any(reasons.values()):
+            lines = {r: [] for found in reasons.values() for r in found}
+            for m, found in reasons.items():
+                for r in found:
+                    lines[r].append("open" if m is None else f"<= {m}")
+            raise ValueError("fused_quantization=True: " + "; ".join(
+                f"{r} (buckets of rows per expert {', '.join(ms)})" for r, ms in lines.items()))
+        return tuple(not found for found in reasons.values())
 
     def _check_quantized_activations(self, name: str, q: QuantizedWeight, layer: LayerConfig,
                                      compute: ComputeConfig) -> torch.Tensor | None:
@@ -367,7 +432,10 @@ class QuantMoE(torch.nn.Module):
         act2 = self.activation_schemes[1]
         rows = torch.zeros if (act2 is not None and act2.granularity == "tensor" and self._static_scales[1] is None
                                ) else torch.empty
-        if self.fused_activation:  # GEMM1 writes act(gate, up) itself
+        if self.fused_quantization[bucket]:  # GEMM1 writes GEMM2's codes and scales, as gemm_input would
+            a2, a2_scale = self._quantized_rows(m * top_k)
+            gemm1.moe(a1, a2, routing, top_k, a_scale=a1_scale, out_scale=a2_scale)
+        elif self.fused_activation:  # GEMM1 writes act(gate, up) itself
             act = rows(m * top_k, self.intermediate, dtype=self.dtype, device=self.device)
             gemm1.moe(a1, act, routing, top_k, a_scale=a1_scale)
         else:
@@ -375,7 +443,8 @@ class QuantMoE(torch.nn.Module):
             gemm1.moe(a1, h, routing, top_k, a_scale=a1_scale)
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
-        a2, a2_scale = self.gemm_input(act, 1)
+        if not self.fused_quantization[bucket]:
+            a2, a2_scale = self.gemm_input(act, 1)
         if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
             topk_weights = topk_weights.to(torch.float32).contiguous()
         if self.topk_reduce == "atomic":  # GEMM2 adds each assignment into its token's fp32 row; skipped slots: none
@@ -399,6 +468,22 @@ class QuantMoE(torch.nn.Module):
 
         qa = quantize_activation(a, scheme, static_scale=self._static_scales[index])
         return qa.codes, qa.scales
+
+    def _quantized_rows(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEMM2's input buffers for a GEMM1 that quantizes its output, in quantize_activation's layout: codes (rows,
+        I) in rows of 16-byte stride, and the scales per row (or the static per-tensor scale). Rows of skipped
+        assignments are not written (GEMM2 never reads them)."""
+        scheme = self.activation_schemes[1]
+        ldq = -(-self.intermediate // 16) * 16
+        codes = torch.empty(rows, ldq, dtype=torch.uint8, device=self.device)[:, :self.intermediate]
+        static = self._static_scales[1]
+        if static is not None:
+            return codes, static
+        groups = self.intermediate // scheme.group_size if scheme.granularity == "group" else 1
+        from humming_gen.activation.api import _SCALE_TORCH
+
+        return codes, torch.empty(rows, groups, dtype=_SCALE_TORCH.get(scheme.scale_dtype.name, torch.uint8),
+                                  device=self.device)
 
     def gemm_index(self, weight: str) -> int:
         """The index (0: w13, 1: w2) of GEMM `weight` run alone; ValueError for another name, or for w13 when its
@@ -485,4 +570,5 @@ class QuantMoE(torch.nn.Module):
                 f"activation={self.activation}, gate_up_layout={self.gate_up_layout}, dtype={self.dtype}, "
                 f"target={self.target.name}, buckets={self.buckets}, fused_activation={self.fused_activation}"
                 + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else "")
+                + (f", fused_quantization={self.fused_quantization}" if any(self.fused_quantization) else "")
                 + (f", topk_reduce={self.topk_reduce}" if self.topk_reduce != "deterministic" else ""))

@@ -48,7 +48,9 @@ ACTIVATION_SCALE = "activation_scale"  # per call: fp32 scales of quantized acti
 ROUTING = "routing"      # per call, MoE: a routing tensor (`tensor`: a MoeAlignment field, topk_weights, expert_layout)
 TOP_K = "top_k"          # per call, MoE: assignments per activation row (a row of a is read for `top_k` of them)
 OUT_TOP_K = "out_top_k"  # per call, MoE atomic top-k reduction: assignments per output row (row i / out_top_k)
-ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K, OUT_TOP_K)
+OUTPUT_SCALE = "output_scale"  # per call: scales of an output quantized in the epilogue (or its static scale)
+ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K, OUT_TOP_K,
+             OUTPUT_SCALE)
 CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
 
 

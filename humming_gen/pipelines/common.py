@@ -81,10 +81,13 @@ def has_out_scale(scheme: QuantScheme) -> bool:
 
 
 def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *,
-                   quantized_activations: bool = False, moe_gemms: tuple[str, ...] = ()) -> list[str]:
+                   quantized_activations: bool = False, moe_gemms: tuple[str, ...] = (),
+                   quantized_output: bool = False) -> list[str]:
     """What no dense pipeline generates yet, or the target cannot run whatever the pipeline.
     quantized_activations: the pipeline serves schemes with activation= (and checks them itself).
-    moe_gemms: the MoE gemm types the pipeline serves (with the router-weight multiply)."""
+    moe_gemms: the MoE gemm types the pipeline serves (with the router-weight multiply).
+    quantized_output: the pipeline's epilogue quantizes a gated GEMM1's output (compute.epilogue_quantization;
+    it checks the scheme and tile itself)."""
     reasons = []
     s = layer.scheme
     if compute.gemm != "dense" and compute.gemm not in moe_gemms:
@@ -95,6 +98,9 @@ def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *
     if compute.epilogue_activation is not None and "indexed" not in moe_gemms:
         reasons.append(f"compute.epilogue_activation={compute.epilogue_activation!r}: this pipeline fuses no gated "
                        f"activation (the standard pipeline does, for indexed MoE GEMMs)")
+    if compute.epilogue_quantization is not None and not quantized_output:
+        reasons.append("compute.epilogue_quantization: this pipeline's epilogue does not quantize its output (the "
+                       "standard pipeline's does, for 8-bit activations)")
     if s.activation is not None and not quantized_activations:
         reasons.append(f"quantized activations ({s.activation.dtype.name}): this pipeline does not generate them; "
                        f"the standard pipeline does (8-bit activations), or use a scheme with activation=None")

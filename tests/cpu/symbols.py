@@ -9,7 +9,7 @@ from humming_gen.codegen.render import environment
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 _FUNCTION = re.compile(r"__device__\s+__forceinline__\s+[\w:<>,&\s*]*?\b(\w+)\s*\(")
-_TYPE = re.compile(r"^struct\s+(?:alignas\(\d+\)\s+)?(\w+)", re.M)
+_TYPE = re.compile(r"^struct\s+(?:(?:alignas|__align__)\(\d+\)\s+)?(\w+)", re.M)
 _CONSTANT = re.compile(r"^constexpr\s+(?:int|u32)\s+(\w+)\s*=", re.M)
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 

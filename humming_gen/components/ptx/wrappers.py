@@ -212,6 +212,15 @@ class NamedBarrier(Component):
 
 
 @attrs.frozen
+class EpilogueSync(Component):
+    """bar.sync over the warps of k slice 0, which alone run the standard epilogue after reduce_warps_k."""
+
+    template: ClassVar[str] = "ptx/epilogue_sync.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"epilogue_sync"})
+
+
+@attrs.frozen
 class Cluster(Component):
     """Two-CTA clusters sharing weight stages: bulk copy multicast, remote mbarrier arrival, cluster barrier."""
 
@@ -228,13 +237,13 @@ WRAPPERS: dict[str, type[Component]] = {
     "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
     "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
     "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
-    "cluster": Cluster,
+    "cluster": Cluster, "epilogue_sync": EpilogueSync,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "stmatrix_x1", "stmatrix_x2",
              "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier")
+             "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier", "epilogue_sync")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

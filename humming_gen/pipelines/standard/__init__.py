@@ -35,7 +35,8 @@ class Standard:
             elif not scheme_reasons:  # the 8-bit mma.sync of these operand types
                 needs = needs | MmaSyncM16N8K32(weight=_compose_a8.weight_operand(layer),
                                                 activation=layer.scheme.activation.dtype.name).requires
-            return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS)
+            return (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=_compose.MOE_GEMMS,
+                                   quantized_output=True)
                     + scheme_reasons + lacking(target, needs, "standard pipeline"))
         return (common_reasons(layer, compute, target, moe_gemms=_compose.MOE_GEMMS)
                 + lacking(target, needs, "standard pipeline"))

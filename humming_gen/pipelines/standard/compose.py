@@ -124,7 +124,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     t = tuning
     if s.activation is not None:
         smem = shared_memory(layer, t)
-        reasons = (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=MOE_GEMMS)
+        reasons = (common_reasons(layer, compute, target, quantized_activations=True, moe_gemms=MOE_GEMMS,
+                                  quantized_output=True)
                    + moe_reasons(layer, compute, t) + shared_reasons(smem, t, target))
         return compose_a8.compose(layer, compute, t, target, reasons, b_layout_of(layer, t), smem.total, smem.stage,
                                   smem.a)

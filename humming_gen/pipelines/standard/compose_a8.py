@@ -30,6 +30,8 @@ import attrs
 from humming_gen.components.base import Component
 from humming_gen.components.epilogue.output import SplitKReduce, StoreOutput
 from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
+from humming_gen.components.epilogue.quantize_output import (output_args, output_quantization_reasons,
+                                                             quantized_store, staged_tile_bytes)
 from humming_gen.components.memory.shared_reads import BTilePairShared4, BTileShared8, GroupScalesGlobal
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT
 from humming_gen.components.mma.mma_sync import PTX_8BIT_TYPE, MmaSyncM16N8K32, MmaSyncM16N8K64S4
@@ -362,6 +364,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if K_ALIGN % t.block_k:
         reasons.append(f"tuning.block_k={t.block_k} must divide {K_ALIGN} (the K padding shared by a layer's kernels)")
     reasons += split_k_reasons(kl, t)
+    if compute.epilogue_quantization is not None:
+        reasons += output_quantization_reasons(compute.epilogue_quantization, compute.epilogue_static_scale,
+                                               layer.n, t.block_n)
     if reasons:
         raise compose_error(reasons)
     n_pad = math.ceil(layer.n / t.block_n) * t.block_n
@@ -396,11 +401,15 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(WarpKReduce(warps_k=t.warps_k))
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
-    epilogue.append(fused_topk_store(compute, StoreOutput(
-        dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
-        atom=MMA_SYNC_M16N8K32_8BIT, token_scale="" if agroups else a.granularity, row_map=gather,
-        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
-        token_scale_smem=quantize_a and not static)))
+    store = StoreOutput(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                        bias=layer.has_bias, atom=MMA_SYNC_M16N8K32_8BIT,
+                        token_scale="" if agroups else a.granularity, row_map=gather,
+                        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
+                        token_scale_smem=quantize_a and not static)
+    # GEMM1's output quantized for GEMM2 in the epilogue (its rows staged in the idle ring)
+    quantized = compute.epilogue_quantization is not None
+    epilogue += quantized_store(store, compute, target.name, t.warps_k) if quantized else [fused_topk_store(compute, store)]
+    shared = max(shared, staged_tile_bytes(t.block_m, t.block_n)) if quantized else shared
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, n_pad)
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
@@ -451,7 +460,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [("kAStageBytes", a_bytes, ""), ("kStageBytes", stage_bytes, "")]
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
                       components=components, constants=tuple(constants),
-                      args=args(layer, t.split_k > 1, compute, quantize_a=quantize_a),
+                      args=(output_args(args(layer, t.split_k > 1, compute, quantize_a=quantize_a), compute)
+                            if quantized else args(layer, t.split_k > 1, compute, quantize_a=quantize_a)),
                       layout=weight_layout(layer, BLayoutS4(block_n=b_layout.block_n, warps_n=b_layout.warps_n,
                                                             warp_k=b_layout.warp_k) if s4 else b_layout, n_pad),
                       group=None, shared_bytes=shared,
