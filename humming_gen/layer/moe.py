@@ -130,9 +130,9 @@ class QuantMoE(torch.nn.Module):
     quantize_activation on the unfused rows), instead of 16-bit rows and a quantize_activation kernel. Per bucket:
     where one CTA of its GEMM1 kernel holds every element of each scale (`fused_quantization_reasons`: group scales
     whose group divides the tile's features, per-token scales where the tile covers the whole row, a static
-    per-tensor scale; the standard pipeline's kernels). None (the default) fuses the buckets whose reasons are
-    empty, True refuses to build unless every bucket fuses, False never fuses; `self.fused_quantization` says
-    which buckets do (a tuple, one bool per bucket).
+    per-tensor scale; the standard pipeline's kernels). False (the default: on the H200 the fused epilogue measured
+    slower, README) never fuses, None fuses the buckets whose reasons are empty, True refuses to build unless every
+    bucket fuses; `self.fused_quantization` says which buckets do (a tuple, one bool per bucket).
     A scheme that quantizes activations (8-bit: w8a8-*, w4a8-*) runs them quantized, each GEMM's input with its
     weight's ActivationScheme (a one-element input_scale of a per-tensor scheme is its static scale); where the
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
@@ -159,7 +159,7 @@ class QuantMoE(torch.nn.Module):
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
                  weight_only: bool = False, strict: bool = False, pipeline: str | None = None,
-                 topk_reduce: str = "deterministic", fused_quantization: bool | None = None):
+                 topk_reduce: str = "deterministic", fused_quantization: bool | None = False):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings, moe_tunings

@@ -186,7 +186,8 @@ def _weights(i: int, seed: int = 0):
 
 def test_quant_moe_fuses_per_bucket_and_checks_the_option() -> None:
     w13, w2 = _weights(256)
-    moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu")
+    assert not any(QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu").fused_quantization)
+    moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=None)
     pipelines = [g.kernel.plan.tuning.pipeline for g, _ in moe._launchers]
     # the standard buckets fuse, the warp-specialized ones keep quantize_activation
     assert moe.fused_quantization == tuple(p == "standard" for p in pipelines) and "warp_specialized" in pipelines
@@ -210,13 +211,14 @@ def test_quant_moe_fuses_per_bucket_and_checks_the_option() -> None:
     with pytest.raises(ValueError, match="fused_activation.*does not divide the 64 features"):
         QuantMoE.from_float(w13, w2, "w8a8-fp8-block128", target="sm_90a", device="cpu", fused_quantization=True,
                             pipeline="standard")
-    a16 = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu")
+    a16 = QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", fused_quantization=None)
     assert not any(a16.fused_quantization)
     # per-token scales fuse where the tile covers the row (I = 64), a dynamic per-tensor scale never
     w13s, w2s = _weights(64)
-    assert all(QuantMoE.from_float(w13s, w2s, "w8a8-fp8-channel", target="sm_89", device="cpu").fused_quantization)
-    assert not any(QuantMoE.from_float(w13, w2, "w8a8-fp8-channel", target="sm_89", device="cpu").fused_quantization)
-    assert not any(QuantMoE.from_float(w13s, w2s, "w8a8-fp8-tensor", target="sm_89", device="cpu").fused_quantization)
+    auto = dict(target="sm_89", device="cpu", fused_quantization=None)
+    assert all(QuantMoE.from_float(w13s, w2s, "w8a8-fp8-channel", **auto).fused_quantization)
+    assert not any(QuantMoE.from_float(w13, w2, "w8a8-fp8-channel", **auto).fused_quantization)
+    assert not any(QuantMoE.from_float(w13s, w2s, "w8a8-fp8-tensor", **auto).fused_quantization)
 
 
 def emulate_epilogue_quantization(act: torch.Tensor, scheme: ActivationScheme, block_n: int, static_scale=None):
