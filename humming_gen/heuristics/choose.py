@@ -32,10 +32,13 @@ WS_FROM_M = 32
 SKINNY_N = 3072
 
 
-# 8-bit activations: the warp-specialized kernels (wgmma k32, split-K to one wave) from M = 17 on; below, the
-# standard pipeline's mma.sync, whose fp8 form ptxas lowers to F2FP + HMMA on sm_90a (pipelines.warp_specialized.
-# heuristics.A8_BUCKETS).
-WS_A8_FROM_M = 32
+# 8-bit activations: the warp-specialized kernels (wgmma k32, split-K to one wave) for every M (buckets of 8 and 16
+# tokens included: pipelines.warp_specialized.heuristics.A8_BUCKETS). The standard pipeline's mma.sync, whose fp8
+# form ptxas lowers to F2FP + HMMA on sm_90a, was slower there (H200, N = K = 8192, graph us with the activation
+# quantization, bench/ss_bench.py, standard / warp-specialized): M = 1 fp8 channel 28.3 / 26.8, fp8 block128
+# 29.9 / 24.5, int8 29.6 / 26.9, W4A8 mxfp4 x fp8 24.3 / 22.8; M = 16 30.4 / 28.1, 31.5 / 25.0, 31.5 / 29.9,
+# 31.5 / 25.5.
+WS_A8_FROM_M = 1
 
 
 def ws_from_m(layer: LayerConfig) -> int:

@@ -64,7 +64,7 @@ def test_w8a8_checkpoints_compose_8_bit_activation_kernels(name: str) -> None:
     qw = W8A8[name]()
     assert qw.scheme.activation is not None
     layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
-    assert {k.plan.tuning.mma for k in layer.kernels} == {"m16n8k32", "wgmma"}, name
+    assert {k.plan.tuning.mma for k in layer.kernels} == {"wgmma"}, name  # every bucket warp-specialized
     assert layer.compute_dtype == qw.scheme.activation.dtype.name
     if qw.input_scale is not None and qw.scheme.activation.granularity == "tensor":
         assert layer._static_scale is not None and layer._static_scale.item() == qw.input_scale.item()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import humming_gen as hg
+from humming_gen.layer.weights import layout_key
 from humming_gen.activation.components import BlockScaleRule, ElementCode, Rounding
 from humming_gen.activation.kernel import QuantizeConfig, generate as generate_quantize
 from humming_gen.codegen import compose
@@ -37,7 +38,8 @@ INT8_TENSOR = hg.QuantScheme("int8", granularity="channel", scale_dtype="float32
 
 def _plan(scheme: str, target: str, m: int, a_load: str = "quantize", n: int = 4096, k: int = 4096, **kw):
     layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
-    t = choose_tunings(layer, get_target(target), stored=False).for_m(m)
+    # (a_load='quantize' is the standard pipeline's; on sm_90a the heuristics run the warp-specialized kernels)
+    t = choose_tunings(layer, get_target(target), pipeline="standard", stored=False).for_m(m)
     return compose(layer, ComputeConfig(), attrs.evolve(t, a_load=a_load), get_target(target))
 
 
@@ -131,7 +133,7 @@ def test_refusals_name_k_block_m_and_pipeline() -> None:
     with pytest.raises(ComposeError, match="multiple of 8"):
         _plan("w8a8-fp8-channel", "sm_90a", 1, k=4100)
     layer = LayerConfig(n=4096, k=4096, scheme="w8a8-fp8-channel")
-    t = choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(16)
+    t = choose_tunings(layer, get_target("sm_90a"), pipeline="standard", stored=False).for_m(16)
     with pytest.raises(ComposeError, match="block_m <= 16"):
         compose(layer, ComputeConfig(), attrs.evolve(t, a_load="quantize", block_m=32, warps_m=1),
                 get_target("sm_90a"))
@@ -188,9 +190,13 @@ def test_quantlinear_picks_fused_kernels_for_small_m_only() -> None:
     assert any(layer.quantizes_in_gemm)
     default = hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_90a", device="cpu")
     assert not any(default.quantizes_in_gemm)
-    # same tiles apart from the loader: same packed weight
-    for (_, a), (_, b) in zip(layer._buckets, default._buckets):
-        assert attrs.evolve(a.plan.tuning, a_load="cp_async") == b.plan.tuning
+    # the fused buckets are the standard pipeline's (sm_90a's own plan runs the warp-specialized kernels there),
+    # the others the default plan's: one packed weight (BLayout8) for both
+    standard = choose_tunings(layer.layer_config, layer.target, pipeline="standard", stored=False)
+    for (m_max, a), (_, b) in zip(layer._buckets, default._buckets):
+        expected = standard.for_m(m_max) if m_max is not None and m_max <= 16 else b.plan.tuning
+        assert attrs.evolve(a.plan.tuning, a_load="cp_async") == expected, m_max
+    assert len({layout_key(k.plan) for _, k in layer._buckets + default._buckets}) == 1
 
 
 def test_quantlinear_keeps_unserved_schemes_unfused() -> None:
@@ -214,9 +220,11 @@ def test_quantize_a_plan_leaves_large_m_alone() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
     plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
     fused = quantize_a_plan(plan, layer, get_target("sm_90a"))
+    standard = choose_tunings(layer, get_target("sm_90a"), pipeline="standard", stored=False)
     for (m_max, t), (_, u) in zip(plan.buckets, fused.buckets):
-        assert (u.a_load == "quantize") == (m_max is not None and m_max <= 16)
-        assert attrs.evolve(u, a_load=t.a_load) == t
+        small = m_max is not None and m_max <= 16
+        assert (u.a_load == "quantize") == small
+        assert attrs.evolve(u, a_load="cp_async") == (standard.for_m(m_max) if small else t), m_max
 
 
 HOST_TILE = r"""

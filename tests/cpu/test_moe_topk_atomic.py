@@ -54,7 +54,9 @@ def _plans(scheme: str, target: str, compute: ComputeConfig, bias: bool = True):
     tg = get_target(target)
     plans = []
     for pipeline in ("standard", "warp_specialized") if target == "sm_90a" else ("standard",):
-        for _, t in choose_tunings(layer, tg, pipeline=pipeline, stored=False).buckets:
+        for m_max, t in choose_tunings(layer, tg, pipeline=pipeline, stored=False).buckets:
+            if t.pipeline != pipeline or (m_max is not None and m_max < 32 and pipeline == "warp_specialized"):
+                continue  # (QuantMoE's warp-specialized buckets start at 32 rows per expert: heuristics.moe_tunings)
             plans.append(compose(layer, compute, attrs.evolve(t, split_k=1), tg))
     return plans
 

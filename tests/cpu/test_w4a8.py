@@ -256,10 +256,10 @@ INT4_E5M2 = hg.QuantScheme("int4", granularity="channel", scale_dtype="float32",
                            activation=hg.ActivationScheme("float8e5m2", granularity="token"))
 
 
-def _plan(scheme, target: str, m: int = 1, n: int = 4000, k: int = 3072, **kw):
+def _plan(scheme, target: str, m: int = 1, n: int = 4000, k: int = 3072, pipeline: str | None = None, **kw):
     layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
     tgt = get_target(target)
-    return compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(m), tgt)
+    return compose(layer, ComputeConfig(), choose_tunings(layer, tgt, pipeline=pipeline).for_m(m), tgt)
 
 
 # (scheme, target, M buckets compiled): int8 activations from sm_80, fp8 from sm_89; every bucket on sm_90a; each preset
@@ -297,9 +297,10 @@ def _source(scheme, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 def test_rendered_sources_hold_their_widening_only() -> None:
     int_g = _source(W4A8_INT_G128, "sm_80")
-    int_ch = _source(W4A8_INT_CHANNEL, m=16)
-    fp8_int4 = _source("w4a8-int4-g128-fp8")
-    mx = _source("w4a8-mxfp4-fp8", has_bias=True)
+    # (the standard pipeline's kernels; on sm_90a the heuristics take the warp-specialized ones at every M)
+    int_ch = _source(W4A8_INT_CHANNEL, m=16, pipeline="standard")
+    fp8_int4 = _source("w4a8-int4-g128-fp8", pipeline="standard")
+    mx = _source("w4a8-mxfp4-fp8", has_bias=True, pipeline="standard")
     for src in (int_g, int_ch, fp8_int4, mx):
         for gone in ("load_b_tile(", "BTileShared8", "dequant_pair", "convert_pair", "mma_m16n8k16", "b_zero"):
             assert gone not in src
@@ -313,7 +314,7 @@ def test_rendered_sources_hold_their_widening_only() -> None:
     assert "acc_slice[nt][mt][i] * w_scale[nt][i / 2]" in mx
     assert "load_weight_group_scales" not in int_ch and "* scale * token_scales[mt][j]" in int_ch
     assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2]" in int_g
-    w8a8 = _source("w8a8-fp8-channel")
+    w8a8 = _source("w8a8-fp8-channel", pipeline="standard")
     assert "nibbles_to_a8" not in w8a8 and "load_b_tile(b_frag, b_warp" in w8a8
 
 
@@ -353,7 +354,8 @@ def test_presets_command_lists_w4a8(capsys) -> None:
 
 
 def test_shared_memory_holds_half_a_byte_per_weight() -> None:
-    nib, full = _plan("w4a8-int4-g128-fp8", "sm_90a", m=16), _plan("w8a8-fp8-channel", "sm_90a", m=16)
+    nib, full = (_plan("w4a8-int4-g128-fp8", "sm_90a", m=16, pipeline="standard"),
+                 _plan("w8a8-fp8-channel", "sm_90a", m=16, pipeline="standard"))
     t = nib.tuning
     assert nib.tuning == full.tuning
     assert full.shared_bytes - nib.shared_bytes == t.stages * t.block_n * t.block_k // 2

@@ -68,10 +68,10 @@ def test_atom_8bit_is_the_16bit_fragment_of_byte_pairs() -> None:
                 assert MMA_SYNC_M16N8K32_8BIT.a_element(lane, reg, byte) == (row16, 2 * k16 + byte % 2)
 
 
-def _plan(scheme: str, target: str, m: int = 1, n: int = 4000, k: int = 3072, **kw):
+def _plan(scheme: str, target: str, m: int = 1, n: int = 4000, k: int = 3072, pipeline: str | None = None, **kw):
     layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
     tgt = get_target(target)
-    return compose(layer, ComputeConfig(), choose_tunings(layer, tgt).for_m(m), tgt)
+    return compose(layer, ComputeConfig(), choose_tunings(layer, tgt, pipeline=pipeline).for_m(m), tgt)
 
 
 # (scheme, target, M buckets compiled): int8 from sm_80, fp8 from sm_89; every bucket on sm_90a; each preset on sm_89,
@@ -110,13 +110,13 @@ def test_unserved_schemes_are_refused_with_their_reason(scheme: str, needle: str
         _plan(scheme, "sm_90a", k=4096)
 
 
-def test_warp_specialized_takes_the_buckets_from_32_on_sm90a_only() -> None:
+def test_warp_specialized_takes_every_bucket_on_sm90a_only() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-fp8-channel")
     assert WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target("sm_90a")) == []
     plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
+    assert plan.for_m(1).block_m == 8 and plan.for_m(16).block_m == 16
     for m_max, t in plan.buckets:
-        ws = m_max is None or m_max >= 32
-        assert (t.pipeline, t.mma) == (("warp_specialized", "wgmma") if ws else ("standard", "m16n8k32")), m_max
+        assert (t.pipeline, t.mma) == ("warp_specialized", "wgmma"), m_max
         assert t.split_k == 1 or (m_max is not None and m_max <= 64), (m_max, t.split_k)
     for target in ("sm_89", "sm_120a"):
         assert any("wgmma" in r for r in WARP_SPECIALIZED.supports(layer, ComputeConfig(), get_target(target)))
@@ -129,9 +129,10 @@ def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 
 def test_rendered_source_holds_only_the_8bit_path() -> None:
-    fp8 = _source("w8a8-fp8-channel", m=16)
+    # (the standard pipeline's kernels; on sm_90a the heuristics take the warp-specialized ones at every M)
+    fp8 = _source("w8a8-fp8-channel", m=16, pipeline="standard")
     int8 = _source("w8a8-int8-channel", target="sm_80")
-    block = _source("w8a8-fp8-block128", has_bias=True)
+    block = _source("w8a8-fp8-block128", has_bias=True, pipeline="standard")
     for src in (fp8, int8, block):
         for gone in ("dequant_pair", "extract_code_pair", "convert_pair", "mma_m16n8k16", "load_b_chunk",
                      "kChunkWords", "load_group_stage", "b_zero", "u16* a"):
@@ -147,7 +148,8 @@ def test_rendered_source_holds_only_the_8bit_path() -> None:
     assert store.index("token_scales[mt][j] = m < p.m ? a_scale[m] : 0.0f;") < store.index(" * p.ldc + n] = ")
     assert "a_scale[m]" not in block and "* w_scale[nt][i / 2] * a_scale[mt][i % 2]" in block
     assert "kActivationGroups = 24" in block and "p.out_scale" not in block
-    assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in _source("w8a8-fp8-tensor")
+    assert "const float a_scale = *static_cast<const float*>(p.a_scale);" in _source("w8a8-fp8-tensor",
+                                                                                        pipeline="standard")
 
 
 def test_warp_specialized_8bit_source() -> None:
@@ -241,16 +243,18 @@ def test_fp4_activations_fall_back_to_fp8_where_the_weights_allow() -> None:
 
 def test_mxfp8_activation_scales_are_read_as_e8m0_bytes() -> None:
     for m in (1, 1000):
-        src = _source("w8a8-mxfp8", m=m, k=4096)
+        src = _source("w8a8-mxfp8", m=m, k=4096, pipeline="standard" if m == 1 else None)
         assert ("e8m0_scale(p.a_scale" in src) if m == 1 else ("<< 23" in src and "const unsigned char* a_scales" in src)
         assert "e8m0 (byte) activation scales [m][k groups]" in src
     assert "e8m0" not in _source("w8a8-fp8-block128", m=1000)
 
 
 def test_quantlinear_shares_one_weight_between_both_pipelines() -> None:
-    """On sm_90a the small-M buckets (mma.sync) and the large-M ones (wgmma) read one packed weight."""
+    """On sm_90a the standard pipeline's buckets (mma.sync, here those of quantize_in_gemm=True, whose loader
+    quantizes) and the warp-specialized ones (wgmma) read one packed weight."""
     torch.manual_seed(0)
-    layer = hg.QuantLinear.from_float(torch.randn(512, 1024), "w8a8-fp8-block128", target="sm_90a", device="cpu")
+    layer = hg.QuantLinear.from_float(torch.randn(512, 1024), "w8a8-fp8-channel", target="sm_90a", device="cpu",
+                                      quantize_in_gemm=True)
     assert {kern.plan.tuning.mma for _, kern in layer._buckets} == {"m16n8k32", "wgmma"}
     assert len({(kern.plan.layout.b_layout, kern.plan.layout.n_pad) for _, kern in layer._buckets}) == 1
 

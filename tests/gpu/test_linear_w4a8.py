@@ -1,6 +1,6 @@
-"""QuantLinear with weights of at most 4 bits and 8-bit activations (standard pipeline, mma.sync m16n8k32, for small
-M; the warp-specialized one, wgmma k32, from M = 17 on sm_90a; weights widened from nibbles in registers) against the
-float64 reference.
+"""QuantLinear with weights of at most 4 bits and 8-bit activations (the warp-specialized pipeline, wgmma k32, for every
+M on sm_90a, and the standard pipeline, mma.sync m16n8k32, on the same weights; weights widened from nibbles in
+registers) against the float64 reference.
 
 The method of test_linear_w8a8.py: reference_gemm quantizes x with the scheme's ActivationScheme in float64
 (bit-identical to humming_gen.quantize_activation), dequantizes it and multiplies by the dequantized weight (plus
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from test_linear_w8a8 import ELEMENT_TOL, M_VALUES, TOLERANCE, _check, assert_pipelines
+from test_linear_w8a8 import ELEMENT_TOL, M_VALUES, TOLERANCE, _check, assert_pipelines, standard_layer
 from humming_gen.reference import reference_gemm
 
 pytestmark = pytest.mark.gpu
@@ -45,6 +45,9 @@ def test_w4a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
+    standard = standard_layer(qw, bias, dtype)
+    for m in (1, 7, 16, 64):
+        _check(standard, qw, bias, dtype, m, f"{scheme} standard pipeline")
 
 
 INT3_INT8 = hg.QuantScheme("int3", group_size=64, scale_dtype="float32",

@@ -1,5 +1,6 @@
-"""QuantLinear with 8-bit activations (standard pipeline, mma.sync m16n8k32, for small M; on sm_90a the
-warp-specialized pipeline, wgmma k32 with split-K at small M, from M = 17 on) against the float64 reference.
+"""QuantLinear with 8-bit activations (on sm_90a the warp-specialized pipeline, wgmma k32 with split-K at small M, for
+every M; the standard pipeline, mma.sync m16n8k32, elsewhere, and here for the same weights through standard_layer)
+against the float64 reference.
 
 The reference is reference_gemm: x quantized by the scheme's ActivationScheme in float64 (bit-identical to what
 humming_gen.quantize_activation writes, docs/FORMATS.md 4.1), dequantized, times the dequantized weight, plus
@@ -52,11 +53,22 @@ def _cases():
 
 
 def assert_pipelines(layer: hg.QuantLinear) -> None:
-    """Buckets from M = 17 on run wgmma where the target has it, the smaller ones mma.sync m16n8k32."""
+    """Every bucket runs wgmma where the target has it (heuristics.choose: WS_A8_FROM_M), else mma.sync m16n8k32."""
     wgmma = layer.target.has("wgmma")
     for m_max, kern in layer._buckets:
-        ws = wgmma and (m_max is None or m_max >= 32)
-        assert kern.plan.tuning.mma == ("wgmma" if ws else "m16n8k32"), (m_max, kern.plan.kernel_name)
+        assert kern.plan.tuning.mma == ("wgmma" if wgmma else "m16n8k32"), (m_max, kern.plan.kernel_name)
+
+
+def standard_layer(qw, bias, dtype) -> hg.QuantLinear:
+    """The same weights on the standard pipeline's kernels for every bucket (mma.sync m16n8k32: what sm_80 / sm_89 /
+    sm_120a run, and on sm_90a quantize_in_gemm and batch-invariant layers), so the H200 tests them too."""
+    from humming_gen.heuristics import choose_tunings
+
+    base = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    plan = choose_tunings(base.layer_config, base.target, pipeline="standard", stored=False)
+    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, tunings=plan)
+    assert all(kern.plan.tuning.mma == "m16n8k32" for _, kern in layer._buckets)
+    return layer
 
 
 def _check(layer: hg.QuantLinear, qw, bias, dtype, m: int, what: str) -> None:
@@ -84,6 +96,9 @@ def test_w8a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
+    standard = standard_layer(qw, bias, dtype)
+    for m in (1, 7, 16, 64):
+        _check(standard, qw, bias, dtype, m, f"{scheme} standard pipeline")
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])

@@ -214,15 +214,20 @@ def static_a_scale(layer: LayerConfig) -> bool:
 
 def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANTIZE_A_MAX_BLOCK_M,
                     static_scale: bool = False):
-    """`plan` with a_load='quantize' in every standard-pipeline bucket of M <= max_m that can take it (the others
-    unchanged): those kernels read x and quantize it themselves. Per-tensor activation scales only where the layer
+    """`plan` with a_load='quantize' in every bucket of M <= max_m that can take it (the others unchanged; a
+    warp-specialized bucket there becomes the standard pipeline's): those kernels read x and quantize it themselves. Per-tensor activation scales only where the layer
     has a static one (`static_scale`)."""
     from humming_gen.pipelines.base import TuningPlan
 
+    from humming_gen.pipelines.standard import STANDARD
+
     if static_a_scale(layer) and not static_scale:
         return plan
+    standard = STANDARD.choose_tunings(layer, target)  # (sm_90a runs the warp-specialized kernels at every M)
     buckets = []
     for m_max, t in plan.buckets:
+        if m_max is not None and m_max <= max_m and t.pipeline != "standard":
+            t = standard.for_m(m_max)  # same weight layout (BLayout8) for both pipelines
         if (m_max is not None and m_max <= max_m and t.pipeline == "standard" and t.mma == MMA
                 and not quantize_a_reasons(layer, t)):
             t = attrs.evolve(t, a_load="quantize")

@@ -119,7 +119,7 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
 
 # 8-bit activations (compose_a8): 128-row tiles; buckets from M = 17 (humming_gen.heuristics.choose), token tiles of
 # the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle), split-K to one wave.
-A8_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, None)
+A8_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
 
 
@@ -161,15 +161,12 @@ def weight_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
-ALL_M_BUCKETS_A8 = (8, 16) + A8_BUCKETS  # every bucket of a layer on the warp-specialized 8-bit kernels
-
-
 def warp_specialized_a8_tunings(layer: LayerConfig, target: Target, b_operand: str = "registers") -> TuningPlan:
-    """Every bucket of a dense layer with 8-bit activations on the warp-specialized kernels (the smallest buckets
-    with 8- and 16-token tiles and split-K, as tuning_for_a8 sizes them), weights read from `b_operand`: 'shared'
-    (WgmmaSS8, 8-bit weights only) needs every bucket there, since a layer keeps one packed copy (BLayoutSw128)."""
+    """Every bucket of a dense layer with 8-bit activations on the warp-specialized kernels (the heuristics' own
+    plan on sm_90a), weights read from `b_operand`: 'shared' (WgmmaSS8, 8-bit weights only) needs every bucket
+    there, since a layer keeps one packed copy (BLayoutSw128)."""
     plan = []
-    for m_max in ALL_M_BUCKETS_A8:
+    for m_max in A8_BUCKETS:
         t = tuning_for_a8(layer, target, m_max)
         fields = {f.name: getattr(t, f.name) for f in attrs.fields(TuningConfig) if f.init and f.name != "stages"}
         plan.append((m_max, deepest(layer, target, {**fields, "b_operand": b_operand})))
