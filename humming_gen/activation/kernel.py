@@ -16,7 +16,6 @@ import hashlib
 import json
 import re
 import struct
-from typing import Any
 
 import attrs
 
@@ -292,32 +291,13 @@ def generate(cfg: QuantizeConfig, compiler: str | None = None) -> str:
 @functools.lru_cache(maxsize=256)
 def build(cfg: QuantizeConfig, compiler: str | None = None) -> "QuantizeKernel":
     """Generate and compile (memory and disk cache of humming_gen.runtime); one Kernel object per config."""
-    from humming_gen.runtime import compile_cached
-    from humming_gen.runtime.compile import resolve_compiler
-
     source = generate(cfg, compiler)
-    compiled = compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
-    return QuantizeKernel(cfg, source, compiled)
+    return QuantizeKernel(cfg, source, standalone.compile_source(cfg, source, compiler), param_fields(cfg))
 
 
-class QuantizeKernel:
+class QuantizeKernel(standalone.StandaloneKernel):
     """A compiled activation-quantization kernel; loaded on first launch."""
-
-    def __init__(self, cfg: QuantizeConfig, source: str, compiled: Any):
-        self.config, self.source, self.compiled = cfg, source, compiled
-        self.name = cfg.kernel_name
-        self.struct = params_struct(cfg)
-        self.fields = [f[0] for f in param_fields(cfg)]
-        self._functions: dict[int, Any] = {}
-        self._pdl = cfg.pdl
-
-    def __repr__(self) -> str:
-        return f"QuantizeKernel({self.name})"
 
     def launch(self, grid: int, values: dict[str, int], device: int) -> None:
         """Launch on torch's current stream with PDL where the target has it; `values` fills every Params field."""
-        fn = self._functions.get(device)
-        if fn is None:
-            fn = self._functions[device] = runtime.load(self.compiled, 0)
-        runtime.launch(fn, (grid, 1, 1), (THREADS, 1, 1), 0, self.struct.pack(*map(values.__getitem__, self.fields)),
-                       pdl=self._pdl)
+        runtime.launch(self.function(device), (grid, 1, 1), (THREADS, 1, 1), 0, self.pack(values), pdl=self._pdl)

@@ -1,5 +1,7 @@
-"""Sources and argument packing of the standalone kernel families (activation quantization, MoE routing): a header
-template, the used `cfg::` constants, the `Params` struct and each component's template, like the GEMMs' sources."""
+"""Sources, compilation and launch state of the standalone kernel families (activation quantization, MoE routing, the
+MoE top-k reduction): a header template, the used `cfg::` constants, the `Params` struct and each component's
+template, like the GEMMs' sources; `compile_source` and `StandaloneKernel` what every family's kernel object
+shares."""
 
 from __future__ import annotations
 
@@ -55,3 +57,41 @@ def render_source(cfg: Any, header_template: str, version: str, components: Sequ
     used = [c for c in constants if re.search(rf"cfg::{c[0]}\b", body)]
     return "".join([header, env.get_template("constants.cuh.j2").render(constants=used),
                     env.get_template("params.cuh.j2").render(fields=fields), body])
+
+
+def compile_source(cfg: Any, source: str, compiler: str | None) -> Any:
+    """Compile a family's generated source (memory and disk cache of humming_gen.runtime)."""
+    from humming_gen.runtime import compile_cached
+    from humming_gen.runtime.compile import resolve_compiler
+
+    return compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
+
+
+class StandaloneKernel:
+    """A compiled standalone kernel of config `cfg` (kernel_name, target, pdl): loaded on first use per device and
+    dynamic shared-memory size; `pack` fills its Params from a dict of every field's value. Each family adds its
+    `launch` (grid, block, shared memory)."""
+
+    def __init__(self, cfg: Any, source: str, compiled: Any, fields: Sequence[tuple[str, str, str]]):
+        self.config, self.source, self.compiled = cfg, source, compiled
+        self.name = cfg.kernel_name
+        self.struct = params_struct(fields)
+        self.fields = [f[0] for f in fields]
+        self._functions: dict[tuple[int, int], Any] = {}
+        self._pdl = cfg.pdl
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+    def function(self, device: int, smem: int = 0) -> Any:
+        """The kernel loaded on `device` with `smem` bytes of dynamic shared memory."""
+        from humming_gen import runtime
+
+        fn = self._functions.get((device, smem))
+        if fn is None:
+            fn = self._functions[(device, smem)] = runtime.load(self.compiled, smem)
+        return fn
+
+    def pack(self, values: dict[str, int]) -> bytes:
+        return self.struct.pack(*map(values.__getitem__, self.fields))
+

@@ -201,36 +201,21 @@ def generate(cfg: AlignConfig, compiler: str | None = None) -> str:
 @functools.lru_cache(maxsize=64)
 def build(cfg: AlignConfig, compiler: str | None = None) -> "AlignKernel":
     """Generate and compile (memory and disk cache of humming_gen.runtime); one kernel object per config."""
-    from humming_gen.runtime import compile_cached
-    from humming_gen.runtime.compile import resolve_compiler
-
     source = generate(cfg, compiler)
-    compiled = compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
-    return AlignKernel(cfg, source, compiled)
+    return AlignKernel(cfg, source, standalone.compile_source(cfg, source, compiler), param_fields(cfg))
 
 
-class AlignKernel:
+class AlignKernel(standalone.StandaloneKernel):
     """A compiled routing kernel; loaded on first launch (per device and shared-memory size)."""
 
-    def __init__(self, cfg: AlignConfig, source: str, compiled: Any):
-        self.config, self.source, self.compiled = cfg, source, compiled
-        self.name = cfg.kernel_name
-        self.struct = params_struct(cfg)
-        self.fields = [f[0] for f in param_fields(cfg)]
-        self._functions: dict[tuple[int, int], Any] = {}
-        self._pdl, self._block = cfg.pdl, (cfg.threads, 1, 1)
+    def __init__(self, cfg: AlignConfig, source: str, compiled: Any, fields: list[tuple[str, str, str]]):
+        super().__init__(cfg, source, compiled, fields)
+        self._block = (cfg.threads, 1, 1)
         self._smem: dict[int, int] = {}  # num_experts -> dynamic shared memory
-
-    def __repr__(self) -> str:
-        return f"AlignKernel({self.name})"
 
     def launch(self, grid: int, values: dict[str, int], num_experts: int, device: int) -> None:
         """Launch on torch's current stream (PDL where the target has it); `values` fills every Params field."""
         smem = self._smem.get(num_experts)
         if smem is None:
             smem = self._smem[num_experts] = self.config.shared_bytes(num_experts)
-        fn = self._functions.get((device, smem))
-        if fn is None:
-            fn = self._functions[(device, smem)] = runtime.load(self.compiled, smem)
-        runtime.launch(fn, (grid, 1, 1), self._block, smem, self.struct.pack(*map(values.__getitem__, self.fields)),
-                       pdl=self._pdl)
+        runtime.launch(self.function(device, smem), (grid, 1, 1), self._block, smem, self.pack(values), pdl=self._pdl)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 import struct
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import torch
@@ -129,38 +129,19 @@ def generate(cfg: ReduceConfig, compiler: str | None = None) -> str:
 @functools.lru_cache(maxsize=16)
 def build(cfg: ReduceConfig, compiler: str | None = None) -> "ReduceKernel":
     """Generate and compile (memory and disk cache of humming_gen.runtime); one kernel object per config."""
-    from humming_gen.runtime import compile_cached
-    from humming_gen.runtime.compile import resolve_compiler
-
     source = generate(cfg, compiler)
-    compiled = compile_cached(source, cfg.kernel_name, cfg.target.arch, compiler=resolve_compiler(compiler))
-    return ReduceKernel(cfg, source, compiled)
+    return ReduceKernel(cfg, source, standalone.compile_source(cfg, source, compiler), param_fields(cfg))
 
 
-class ReduceKernel:
+class ReduceKernel(standalone.StandaloneKernel):
     """A compiled top-k reduction kernel; loaded on first launch (per device)."""
-
-    def __init__(self, cfg: ReduceConfig, source: str, compiled: Any):
-        self.config, self.source, self.compiled = cfg, source, compiled
-        self.name = cfg.kernel_name
-        self.struct = params_struct(cfg)
-        self.fields = [f[0] for f in param_fields(cfg)]
-        self._functions: dict[int, Any] = {}
-        self._pdl = cfg.pdl
-
-    def __repr__(self) -> str:
-        return f"ReduceKernel({self.name})"
 
     def launch(self, m: int, values: dict[str, int], device: int) -> None:
         """Launch on torch's current stream (PDL where the target has it); `values` fills every Params field."""
-        fn = self._functions.get(device)
-        if fn is None:
-            fn = self._functions[device] = runtime.load(self.compiled, 0)
         vectors = values["vectors"]
         threads = min(THREADS, -(-vectors // 32) * 32)  # short rows: no idle warps
         grid = (m, -(-vectors // threads), 1)
-        runtime.launch(fn, grid, (threads, 1, 1), 0, self.struct.pack(*map(values.__getitem__, self.fields)),
-                       pdl=self._pdl)
+        runtime.launch(self.function(device), grid, (threads, 1, 1), 0, self.pack(values), pdl=self._pdl)
 
 
 _kernels: dict[tuple, ReduceKernel] = {}
