@@ -44,9 +44,10 @@ class QuantLinear(torch.nn.Module):
     batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
     MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels where every row's
     exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
-    quantize_in_gemm=True (opt-in, GPU-untested): the standard-pipeline buckets of M <= 16 with dynamic per-token
-    or static per-tensor fp8 / int8 activations run kernels that quantize x in their loader (TuningConfig.a_load='quantize'): one
-    launch per call instead of two, no codes or scales allocated (`quantizes_in_gemm` lists the buckets).
+    quantize_in_gemm=True (opt-in; more GPU time on the H200, README): buckets of M <= 16 with dynamic per-token
+    or static per-tensor fp8 / int8 activations run standard-pipeline kernels that quantize x in their loader
+    (TuningConfig.a_load='quantize'): one launch per call instead of two, no codes or scales allocated
+    (`quantizes_in_gemm` lists the buckets).
     """
 
     def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None,

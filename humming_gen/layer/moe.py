@@ -285,6 +285,9 @@ class QuantMoE(torch.nn.Module):
     def _fuse_quantization(self, requested: bool | None, plan) -> tuple[bool, ...]:
         """Per bucket of GEMM1's plan: its epilogue quantizes GEMM2's input (fused_quantization: None where the
         reasons are empty, True everywhere or ValueError with the reasons, False nowhere)."""
+        if requested is not None and not isinstance(requested, bool):
+            raise ValueError(f"fused_quantization={requested!r}; allowed: None (fuse the buckets that can), True "
+                             f"(require it) or False (never)")
         if requested is False:
             return (False,) * len(plan.buckets)
         static = self._static_scales[1] is not None
@@ -486,14 +489,18 @@ class QuantMoE(torch.nn.Module):
                                   device=self.device)
 
     def gemm_index(self, weight: str) -> int:
-        """The index (0: w13, 1: w2) of GEMM `weight` run alone; ValueError for another name, or for w13 when its
-        epilogue applies the gated activation (its rows are in tile order and it writes act(gate, up))."""
+        """The index (0: w13, 1: w2) of GEMM `weight` run alone; ValueError for another name, for w13 when its
+        epilogue applies the gated activation (its rows are in tile order and it writes act(gate, up)), or for w2
+        when it adds into token rows (topk_reduce='atomic')."""
         if weight not in ("w13", "w2"):
             raise ValueError(f"weight={weight!r}; allowed: 'w13' (gate/up GEMM) or 'w2' (down GEMM)")
         if weight == "w13" and self.fused_activation:
             raise ValueError("this layer's w13 GEMM applies the gated activation in its epilogue (as the default, "
                              "fused_activation=None, does wherever the kernels can) and holds gate/up rows in tile "
                              "order: build the layer with fused_activation=False to run the gate/up GEMM alone")
+        if weight == "w2" and self.topk_reduce == "atomic":
+            raise ValueError("this layer's w2 GEMM adds each assignment into its token's row (topk_reduce='atomic'): "
+                             "build the layer with topk_reduce='deterministic' to run the down GEMM alone")
         return 0 if weight == "w13" else 1
 
     def launcher_for(self, weight: str, rows: int, block_m: int):
@@ -501,9 +508,6 @@ class QuantMoE(torch.nn.Module):
         assignment rows when its tile matches, else the first bucket with that tile (for callers that bring
         their own routing, padded to block_m)."""
         index = self.gemm_index(weight)
-        if index == 1 and self.topk_reduce == "atomic":
-            raise ValueError("this layer's w2 GEMM adds each assignment into its token's row (topk_reduce='atomic'): "
-                             "build the layer with topk_reduce='deterministic' to run the down GEMM alone")
         tiles = self.block_ms
         if block_m not in tiles:
             raise ValueError(f"block_m={block_m}: this layer's kernels tile {sorted(set(tiles))} rows; pad the "

@@ -448,7 +448,7 @@ class BLayoutSw128:
     loader writes: row r at r * 128, 16-byte chunk c at chunk c ^ (r % 8)). The register paths read the same image
     with ldmatrix: the four 8 x 16-byte matrices (rows 0-7 / 8-15, chunks 2s / 2s + 1) of a 16-row tile's k32 step s
     are the m16n8k32 A registers 0-3 (sw128_ldmatrix_a), so one packed copy could feed SS wgmma, RS wgmma and
-    mma.sync kernels. Not yet read by any kernel."""
+    mma.sync kernels. Read by the shared-weight warp-specialized kernels (TuningConfig.b_operand='shared')."""
 
     block_n: int
 

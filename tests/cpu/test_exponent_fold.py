@@ -244,7 +244,12 @@ def test_prepared_weight_carries_both_forms_of_the_scales() -> None:
     standard pipeline's kernels, which read the same prepared weight."""
     n, k = 300, 640
     layer = LayerConfig(n, k, SCHEME, fold_scales=True)
-    plans = [compose(layer, ComputeConfig(), t, SM90) for t in choose_tunings(layer, SM90).tunings()]
+    # the heuristics' own plan (warp-specialized at every M on sm_90a) and the standard pipeline's (quantize_in_gemm,
+    # batch invariance, other targets' kernels): one layout
+    tunings = (list(choose_tunings(layer, SM90).tunings())
+               + list(choose_tunings(layer, SM90, pipeline="standard", stored=False).tunings()))
+    plans = [compose(layer, ComputeConfig(), t, SM90) for t in tunings]
+    plans.sort(key=lambda p: p.pipeline)  # the warp-specialized (folding) plan last
     assert {p.pipeline for p in plans} == {"standard", "warp_specialized"} and len({p.layout for p in plans}) == 1
     qw = hg.scheme(SCHEME).quantize(_weight(n, k))
     pw = prepare_weight(plans[-1], qw, "cpu")

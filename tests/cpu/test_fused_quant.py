@@ -203,6 +203,9 @@ def test_quantlinear_keeps_unserved_schemes_unfused() -> None:
     layer = hg.QuantLinear.from_float(torch.randn(256, 512), "w8a8-fp8-block128", target="sm_90a", device="cpu",
                                       quantize_in_gemm=True)
     assert not any(layer.quantizes_in_gemm)
+    # and its buckets keep the default plan's (warp-specialized) kernels: nothing to gain from the standard ones
+    default = hg.QuantLinear.from_float(torch.randn(256, 512), "w8a8-fp8-block128", target="sm_90a", device="cpu")
+    assert [k.plan.tuning for _, k in layer._buckets] == [k.plan.tuning for _, k in default._buckets]
 
 
 def test_quantlinear_fuses_per_tensor_scales_only_when_static() -> None:

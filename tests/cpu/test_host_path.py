@@ -266,3 +266,19 @@ def test_topk_reduce_launch(launches):
         assert ptrs[:2] == (y.data_ptr(), inverse.data_ptr()) and (ldy, ld, k, vectors) == (h, ldo, top_k, h // 8)
         assert (ptrs[2] == (got if out is None else out).data_ptr()) == (direct or out is None)
         assert out is None or got is out
+
+
+def test_topk_reduce_copies_misaligned_rows(launches):
+    """Rows the kernel cannot read in 16-byte pieces (a contiguous view 2 bytes into its storage, a row stride that
+    is no multiple of 8 elements) reach it as an aligned copy; aligned rows are read in place."""
+    m, top_k, h = 4, 2, 64
+    inverse = torch.arange(m * top_k, dtype=torch.int32)
+    buf = torch.randn(m * top_k * (h + 8) + 8).bfloat16()
+    for y, in_place in ((buf[: m * top_k * h].view(m * top_k, h), True),
+                        (buf[1:1 + m * top_k * h].view(m * top_k, h), False),
+                        (buf[: m * top_k * (h + 1)].view(m * top_k, h + 1)[:, :h], False)):
+        launches.clear()
+        reduce.topk_reduce(y, inverse, top_k, target=TARGET)
+        (_, _, params), = launches
+        y_ptr, (ldy,) = struct.unpack("<Q", params[:8])[0], struct.unpack("<q", params[24:32])
+        assert y_ptr % 16 == 0 and ldy % 8 == 0 and (y_ptr == y.data_ptr()) == in_place, (y_ptr % 16, ldy)

@@ -186,6 +186,9 @@ def _weights(i: int, seed: int = 0):
 
 def test_quant_moe_fuses_per_bucket_and_checks_the_option() -> None:
     w13, w2 = _weights(256)
+    for bad in (0, "no"):
+        with pytest.raises(ValueError, match="fused_quantization="):
+            QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=bad)
     assert not any(QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu").fused_quantization)
     moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=None)
     pipelines = [g.kernel.plan.tuning.pipeline for g, _ in moe._launchers]

@@ -130,6 +130,8 @@ def test_atomic_layer_has_no_down_gemm_alone(atomic):
     moe = atomic[0]
     with pytest.raises(ValueError, match="topk_reduce='atomic'"):
         moe.launcher_for("w2", 16, moe.block_ms[0])
+    with pytest.raises(ValueError, match="topk_reduce='atomic'"):  # what moe_gemm's fake checks while tracing
+        moe.gemm_index("w2")
 
 
 def test_launcher_requires_out_top_k_exactly_for_atomic_kernels():

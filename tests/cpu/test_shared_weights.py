@@ -75,7 +75,8 @@ def test_prepared_weight_is_the_panels_of_the_codes() -> None:
     ("w4a8-mxfp4-fp8", "dense", {}, "the shared-memory operand is the stored 8-bit codes"),
     ("w8a8-fp8-channel", "indexed", {}, "MoE GEMMs read the weights from registers"),
     ("w8a8-fp8-channel", "dense", dict(cluster_m=2, b_load="tma_multicast", split_k=1, raster="n_major"),
-     "generated without clusters")])
+     "generated without clusters"),
+    ("w4a16-int4-g128", "dense", {}, "with 16-bit activations the weights are dequantized")])
 def test_refusals_name_the_reason(scheme: str, gemm: str, change: dict, needle: str) -> None:
     tgt = get_target("sm_90a")
     moe = gemm != "dense"

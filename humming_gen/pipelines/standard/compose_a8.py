@@ -215,8 +215,8 @@ def static_a_scale(layer: LayerConfig) -> bool:
 def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANTIZE_A_MAX_BLOCK_M,
                     static_scale: bool = False):
     """`plan` with a_load='quantize' in every bucket of M <= max_m that can take it (the others unchanged; a
-    warp-specialized bucket there becomes the standard pipeline's): those kernels read x and quantize it themselves. Per-tensor activation scales only where the layer
-    has a static one (`static_scale`)."""
+    warp-specialized bucket there becomes the standard pipeline's where that one can): those kernels read x and
+    quantize it themselves. Per-tensor activation scales only where the layer has a static one (`static_scale`)."""
     from humming_gen.pipelines.base import TuningPlan
 
     from humming_gen.pipelines.standard import STANDARD
@@ -227,7 +227,9 @@ def quantize_a_plan(plan, layer: LayerConfig, target: Target, max_m: int = QUANT
     buckets = []
     for m_max, t in plan.buckets:
         if m_max is not None and m_max <= max_m and t.pipeline != "standard":
-            t = standard.for_m(m_max)  # same weight layout (BLayout8) for both pipelines
+            alternative = standard.for_m(m_max)  # same weight layout (BLayout8) for both pipelines
+            if alternative.mma == MMA and not quantize_a_reasons(layer, alternative):
+                t = alternative  # (a bucket that cannot quantize in its loader keeps the faster wgmma kernel)
         if (m_max is not None and m_max <= max_m and t.pipeline == "standard" and t.mma == MMA
                 and not quantize_a_reasons(layer, t)):
             t = attrs.evolve(t, a_load="quantize")
@@ -413,7 +415,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                         token_scale_smem=quantize_a and not static)
     # GEMM1's output quantized for GEMM2 in the epilogue (its rows staged in the idle ring)
     quantized = compute.epilogue_quantization is not None
-    epilogue += quantized_store(store, compute, target.name, t.warps_k) if quantized else [fused_topk_store(compute, store)]
+    epilogue += (quantized_store(store, compute, target.name, t.warps_k) if quantized
+                 else [fused_topk_store(compute, store)])
     shared = max(shared, staged_tile_bytes(t.block_m, t.block_n)) if quantized else shared
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, n_pad)

@@ -124,7 +124,8 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool =
     slices = (t.block_n // LAYOUT_BLOCK_N) * (t.block_k // LAYOUT_WARP_K)
     return SmemPlan(a=t.block_m * t.block_k * 2, b=slices * b_slice_bytes(layer),
                     group=group.rows_per_stage * t.block_n * 2 if group else 0,
-                    tensors=len(group.tensors) if group else 0, stages=t.stages, staging=staging_bytes(layer, t, routed_gemm1))
+                    tensors=len(group.tensors) if group else 0, stages=t.stages,
+                    staging=staging_bytes(layer, t, routed_gemm1))
 
 
 def b_slice_bytes(layer: LayerConfig) -> int:
@@ -191,6 +192,9 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     if t.block_k not in (64, 128):
         reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
                        f"producer's activation rows keep their swizzle up to 16 chunks per row)")
+    if t.b_operand != "registers":
+        reasons.append(f"tuning.b_operand={t.b_operand!r}: with 16-bit activations the weights are dequantized into "
+                       f"the register operand (b_operand='shared' serves 8-bit weights x 8-bit activations)")
     return reasons
 
 

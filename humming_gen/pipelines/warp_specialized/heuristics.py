@@ -117,7 +117,7 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
     return TuningPlan(tuple((m_max, moe_tuning_for(layer, target, block_m)) for m_max, block_m in MOE_BUCKETS))
 
 
-# 8-bit activations (compose_a8): 128-row tiles; buckets from M = 17 (humming_gen.heuristics.choose), token tiles of
+# 8-bit activations (compose_a8): 128-row tiles; every bucket on sm_90a (humming_gen.heuristics.choose), token tiles of
 # the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle), split-K to one wave.
 A8_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
