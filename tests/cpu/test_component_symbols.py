@@ -30,10 +30,12 @@ def _plans():
             layer = LayerConfig(4096, 4096, scheme, dtype=dtype, has_bias=True, out_dtype="float32")
             plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a"))
                       for t in choose_tunings(layer, get_target("sm_90a")).tunings()]
-    for scheme in ("w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-fp8-tensor"):
+    for scheme in ("w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w8a8-fp8-tensor", "w8a8-mxfp8"):
         layer = LayerConfig(4096, 4096, scheme, has_bias=True)  # 8-bit activations
-        plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a"))
-                  for t in choose_tunings(layer, get_target("sm_90a")).tunings()]
+        # sm_90a's own plan (warp-specialized at every M) and the standard pipeline's (other targets' kernels)
+        for pipeline in (None, "standard"):
+            plans += [compose(layer, ComputeConfig(), t, get_target("sm_90a"))
+                      for t in choose_tunings(layer, get_target("sm_90a"), pipeline=pipeline).tunings()]
     return plans
 
 

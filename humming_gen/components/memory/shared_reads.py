@@ -76,8 +76,9 @@ class GroupScalesGlobal(Component):
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         gather = {"activation_scale_rows"} if self.gather and self.activation_groups else set()
+        e8m0 = {"e8m0_scale"} if self.activation_groups and self.activation_e8m0 else set()
         return frozenset(({"load_weight_group_scales"} if self.weight_groups else set())
-                         | ({"load_activation_group_scales"} if self.activation_groups else set()) | gather)
+                         | ({"load_activation_group_scales"} if self.activation_groups else set()) | gather | e8m0)
 
 
 @attrs.frozen
