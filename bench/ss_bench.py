@@ -1,7 +1,7 @@
 """Plans of a dense layer with 8-bit activations on the H200 (N = K = 8192, graph us per layer including the
-activation quantization): the default (standard pipeline to M = 16, warp-specialized with register weights from 17),
-every bucket warp-specialized with register weights ("ws"), and with weights read from shared memory ("shared",
-b_operand='shared', 8-bit weights only). Usage: python bench/ss_bench.py [formats] [M list] [plans]"""
+activation quantization): the default (warp-specialized with register weights at every M on sm_90a) and the same
+with weights read from shared memory ("shared", b_operand='shared', 8-bit weights only; session 10 also timed the
+standard pipeline at M <= 16, the table in heuristics/choose.py). Usage: python bench/ss_bench.py [formats] [M list]"""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
-from humming_gen.pipelines.warp_specialized.heuristics import warp_specialized_a8_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 
 FORMATS = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 MS = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64,256,1024,4096,8192").split(",")]
-PLANS = (sys.argv[3] if len(sys.argv) > 3 else "default,ws,shared").split(",")
 n = k = 8192
 torch.manual_seed(0)
 print("| format | plan | " + " | ".join(f"M={m}" for m in MS) + " |\n|---|---|" + "---|" * len(MS))
@@ -23,11 +22,10 @@ for name in FORMATS:
     qws = [hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     layers = {"default": [hg.QuantLinear.from_quantized(q) for q in qws]}
     base = layers["default"][0]
-    for plan, operand in (("ws", "registers"), ("shared", "shared")):
-        if plan in PLANS and (operand == "registers" or base.scheme.weight.bits == 8):
-            tunings = warp_specialized_a8_tunings(base.layer_config, base.target, operand)
-            layers[plan] = [hg.QuantLinear.from_quantized(q, tunings=tunings) for q in qws]
-    rows = {plan: [] for plan in layers if plan in PLANS}
+    if base.scheme.weight.bits == 8:
+        tunings = shared_weight_tunings(base.layer_config, base.target)
+        layers["shared"] = [hg.QuantLinear.from_quantized(q, tunings=tunings) for q in qws]
+    rows = {plan: [] for plan in layers}
     for m in MS:
         x = torch.randn(m, k, device="cuda").bfloat16()
         for plan in rows:

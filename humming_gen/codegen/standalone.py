@@ -84,11 +84,12 @@ class StandaloneKernel:
         return f"{type(self).__name__}({self.name})"
 
     def function(self, device: int, smem: int = 0) -> Any:
-        """The kernel loaded on `device` with `smem` bytes of dynamic shared memory."""
-        from humming_gen import runtime
-
+        """The kernel loaded on `device` with `smem` bytes of dynamic shared memory (loaded once: no import or
+        lookup beyond the dict on the launch path)."""
         fn = self._functions.get((device, smem))
         if fn is None:
+            from humming_gen import runtime
+
             fn = self._functions[(device, smem)] = runtime.load(self.compiled, smem)
         return fn
 

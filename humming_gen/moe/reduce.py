@@ -199,7 +199,7 @@ def topk_reduce(y: torch.Tensor, inverse: torch.Tensor, top_k: int, out: torch.T
     direct = out is not None and out.stride(1) == 1 and out.stride(0) % VECTOR == 0 and out.data_ptr() % 16 == 0
     result = out if direct else torch.empty(m, hidden, dtype=y.dtype, device=y.device)
     if m and hidden:
-        if y.stride(1) != 1 or y.stride(0) % VECTOR or y.data_ptr() % 16:
+        if y.stride(0) % VECTOR or y.data_ptr() % 16:
             # a fresh allocation (16-byte aligned): contiguous() returns a misaligned contiguous view unchanged
             y = torch.empty(y.shape, dtype=y.dtype, device=y.device).copy_(y)
         current = torch.cuda.current_device()

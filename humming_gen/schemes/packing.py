@@ -465,6 +465,13 @@ def sw128_offset(row: torch.Tensor | int, kbyte: torch.Tensor | int) -> torch.Te
     return row * 128 + (((kbyte // 16) ^ (row % 8)) * 16) + kbyte % 16
 
 
+def _sw128_panel_offsets(layout: BLayoutSw128, device: torch.device) -> torch.Tensor:
+    """Byte offset in a panel of each (row, k byte), row-major over (block_n, 128)."""
+    row = torch.arange(layout.block_n, device=device).view(-1, 1)
+    kb = torch.arange(layout.panel_k, device=device).view(1, -1)
+    return sw128_offset(row, kb).reshape(-1)
+
+
 def pack_codes_sw128(codes: torch.Tensor, layout: BLayoutSw128) -> torch.Tensor:
     """Kernel codes (N_pad, K_pad) uint8 -> (N_pad / block_n, K_pad / 128, block_n * 128) uint8 panels."""
     errors = layout.check()
@@ -474,9 +481,7 @@ def pack_codes_sw128(codes: torch.Tensor, layout: BLayoutSw128) -> torch.Tensor:
     bn, pk = layout.block_n, layout.panel_k
     if n_pad % bn or k_pad % pk:
         raise ValueError(f"codes shape {tuple(codes.shape)} is not padded to ({bn}, {pk})")
-    row = torch.arange(bn, device=codes.device).view(-1, 1)
-    kb = torch.arange(pk, device=codes.device).view(1, -1)
-    offset = sw128_offset(row, kb).reshape(-1)
+    offset = _sw128_panel_offsets(layout, codes.device)
     blocks = codes.view(n_pad // bn, bn, k_pad // pk, pk).permute(0, 2, 1, 3).reshape(n_pad // bn, k_pad // pk, -1)
     out = torch.empty_like(blocks)
     out[:, :, offset] = blocks
@@ -486,9 +491,7 @@ def pack_codes_sw128(codes: torch.Tensor, layout: BLayoutSw128) -> torch.Tensor:
 def unpack_codes_sw128(packed: torch.Tensor, layout: BLayoutSw128, n_pad: int, k_pad: int) -> torch.Tensor:
     """Inverse of `pack_codes_sw128`."""
     bn, pk = layout.block_n, layout.panel_k
-    row = torch.arange(bn, device=packed.device).view(-1, 1)
-    kb = torch.arange(pk, device=packed.device).view(1, -1)
-    offset = sw128_offset(row, kb).reshape(-1)
+    offset = _sw128_panel_offsets(layout, packed.device)
     blocks = packed[:, :, offset].view(n_pad // bn, k_pad // pk, bn, pk)
     return blocks.permute(0, 2, 1, 3).reshape(n_pad, k_pad)
 

@@ -22,8 +22,9 @@ from humming_gen.layer.gate_up import gate_up_tile_order
 from humming_gen.layer.moe import QuantMoE, fused_quantization_reasons
 from humming_gen.schemes.quantize import QuantizedActivation
 from humming_gen.schemes.scheme import ActivationScheme
-from helpers import assert_no_spills, gated_tile_rows
+from helpers import assert_no_spills
 from symbols import declaration_mismatches
+from test_moe_gemm_a8 import A8StandIn, fake_quantize
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.targets import get_target
 
@@ -271,13 +272,13 @@ def test_epilogue_mapping_gives_quantize_activations_codes(scheme: str) -> None:
         assert torch.equal(scales, ref.scales.reshape(scales.shape).float())
 
 
-class FusedStandIn:
+class FusedStandIn(A8StandIn):
     """Stands in for bound indexed launchers (8-bit activations, float64): GEMM1 rows (act(gate, up) where the
     kernel's epilogue applies it) rounded to the layer dtype; a quantizing GEMM1 then writes codes and scales as
     emulate_epilogue_quantization lays them out into `out` / `out_scale`; GEMM2 decodes what it is given."""
 
     def __init__(self, kernel, scheme, w: torch.Tensor, bias, out_scheme=None, static=None):
-        self.kernel, self.scheme, self.w, self.bias = kernel, scheme, w, bias
+        super().__init__(kernel, scheme, w, bias)
         self.out_scheme, self.static = out_scheme, static
 
     def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_scale=None):
@@ -285,22 +286,7 @@ class FusedStandIn:
         assert (out_scale is not None) == (compute.epilogue_quantization is not None)
         x = QuantizedActivation(self.scheme, a, a_scale.float() if a_scale.dtype != torch.uint8 else a_scale
                                 ).dequantize(torch.float64)
-        block_m = self.kernel.plan.tuning.block_m
-        total = int(routing.num_tokens_post_pad[0])
-        ids = routing.sorted_ids[:total].long()
-        experts = routing.expert_ids[:total // block_m].long().repeat_interleave(block_m)
-        keep = ids < out.shape[0]
-        ids, experts = ids[keep], experts[keep]
-        rows = torch.zeros(ids.numel(), self.w.shape[1], dtype=torch.float64)
-        for e in range(self.w.shape[0]):
-            sel = experts == e
-            rows[sel] = x[ids[sel] // top_k] @ self.w[e].T
-            if self.bias is not None:
-                rows[sel] += self.bias[e].double()
-        if compute.epilogue_activation:
-            rows = gated_tile_rows(rows, compute.epilogue_activation)
-        if topk_weights is not None:
-            rows *= topk_weights[ids].double()[:, None]
+        ids, rows = self.routed_rows(x, out, routing, top_k, topk_weights)
         if out_scale is None:
             out[ids] = rows.to(out.dtype)
             return
@@ -315,11 +301,6 @@ class FusedStandIn:
             assert out_scale is self.static
 
 
-def fake_quantize(x, scheme, static_scale=None):
-    return scheme.quantize(x) if static_scale is None else hg.schemes.quantize.quantize_activation(scheme, x,
-                                                                                                   static_scale)
-
-
 @pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-fp8-tensor"])
 def test_quant_moe_host_path_fused_equals_unfused(scheme: str, monkeypatch) -> None:
     """QuantMoE.run with stand-in launchers, fused_quantization=None (every bucket fused) against False: the same
@@ -331,9 +312,8 @@ def test_quant_moe_host_path_fused_equals_unfused(scheme: str, monkeypatch) -> N
     w13, w2 = _weights(i, seed=2)
     s = hg.scheme(scheme)
     q13, q2 = s.quantize(w13), s.quantize(w2)
-    static = None
     if s.activation.granularity == "tensor":
-        q2.input_scale = static = torch.tensor([0.004])
+        q2.input_scale = torch.tensor([0.004])
     outs = []
     g = torch.Generator().manual_seed(3)
     m, top_k = 37, 2

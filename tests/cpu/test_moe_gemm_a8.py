@@ -242,7 +242,12 @@ class A8StandIn:
     def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None):
         assert a.dtype == torch.uint8 and a_scale is not None and a_scale.dtype == torch.float32
         assert (topk_weights is not None) == self.kernel.plan.compute.topk_weight
-        x = QuantizedActivation(self.scheme, a, a_scale).dequantize(torch.float64)
+        ids, rows = self.routed_rows(QuantizedActivation(self.scheme, a, a_scale).dequantize(torch.float64), out,
+                                     routing, top_k, topk_weights)
+        out[ids] = rows.to(out.dtype)
+
+    def routed_rows(self, x, out, routing, top_k, topk_weights):
+        """(assignment ids, their float64 rows) of the routed assignments below out's rows, from activations x."""
         block_m = self.kernel.plan.tuning.block_m
         total = int(routing.num_tokens_post_pad[0])
         ids = routing.sorted_ids[:total].long()
@@ -259,7 +264,7 @@ class A8StandIn:
             rows = gated_tile_rows(rows, self.kernel.plan.compute.epilogue_activation)
         if topk_weights is not None:
             rows *= topk_weights[ids].double()[:, None]
-        out[ids] = rows.to(out.dtype)
+        return ids, rows
 
 
 def fake_quantize(x, scheme, static_scale=None):

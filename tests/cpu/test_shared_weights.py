@@ -15,7 +15,8 @@ from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.kernel import build
 from humming_gen.pipelines.base import ComposeError
-from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings, warp_specialized_a8_tunings
+from humming_gen.heuristics import choose_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayoutSw128, unpack_codes_sw128
 from humming_gen.targets import get_target
@@ -50,7 +51,10 @@ def test_every_bucket_compiles_without_spills(scheme: str) -> None:
 
 def test_register_weight_kernels_hold_none_of_it() -> None:
     layer = _layer("w8a8-fp8-channel")
-    plan = warp_specialized_a8_tunings(layer, get_target("sm_90a"))
+    plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
+    # the shared-weight plan is the heuristics' own with the weights' source changed
+    assert [(m, attrs.evolve(t, b_operand="shared")) for m, t in plan.buckets] == list(
+        shared_weight_tunings(layer, get_target("sm_90a")).buckets)
     t = plan.for_m(4096)
     assert t.b_operand == "registers" and "b_operand" not in t.to_dict()  # keys of existing tunings unchanged
     src = build(compose(layer, ComputeConfig(), t, get_target("sm_90a")), compile=False).source
@@ -81,7 +85,7 @@ def test_refusals_name_the_reason(scheme: str, gemm: str, change: dict, needle: 
     tgt = get_target("sm_90a")
     moe = gemm != "dense"
     layer = LayerConfig(n=4096, k=4096, scheme=scheme, num_experts=8 if moe else 1, top_k=2 if moe else 1)
-    base = attrs.evolve(warp_specialized_a8_tunings(_layer("w8a8-fp8-channel"), tgt).for_m(4096), b_operand="shared")
+    base = shared_weight_tunings(_layer("w8a8-fp8-channel"), tgt).for_m(4096)
     with pytest.raises(ComposeError, match=re.escape(needle)):
         compose(layer, ComputeConfig(gemm=gemm, topk_weight=moe), attrs.evolve(base, **change), tgt)
 

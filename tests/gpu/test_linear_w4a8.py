@@ -45,7 +45,7 @@ def test_w4a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
-    standard = standard_layer(qw, bias, dtype)
+    standard = standard_layer(layer, qw, bias, dtype)
     for m in (1, 7, 16, 64):
         _check(standard, qw, bias, dtype, m, f"{scheme} standard pipeline")
 

@@ -59,13 +59,12 @@ def assert_pipelines(layer: hg.QuantLinear) -> None:
         assert kern.plan.tuning.mma == ("wgmma" if wgmma else "m16n8k32"), (m_max, kern.plan.kernel_name)
 
 
-def standard_layer(qw, bias, dtype) -> hg.QuantLinear:
-    """The same weights on the standard pipeline's kernels for every bucket (mma.sync m16n8k32: what sm_80 / sm_89 /
+def standard_layer(layer: hg.QuantLinear, qw, bias, dtype) -> hg.QuantLinear:
+    """`layer`'s weights on the standard pipeline's kernels for every bucket (mma.sync m16n8k32: what sm_80 / sm_89 /
     sm_120a run, and on sm_90a quantize_in_gemm and batch-invariant layers), so the H200 tests them too."""
     from humming_gen.heuristics import choose_tunings
 
-    base = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
-    plan = choose_tunings(base.layer_config, base.target, pipeline="standard", stored=False)
+    plan = choose_tunings(layer.layer_config, layer.target, pipeline="standard", stored=False)
     layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, tunings=plan)
     assert all(kern.plan.tuning.mma == "m16n8k32" for _, kern in layer._buckets)
     return layer
@@ -96,7 +95,7 @@ def test_w8a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
-    standard = standard_layer(qw, bias, dtype)
+    standard = standard_layer(layer, qw, bias, dtype)
     for m in (1, 7, 16, 64):
         _check(standard, qw, bias, dtype, m, f"{scheme} standard pipeline")
 

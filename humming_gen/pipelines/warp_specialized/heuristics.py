@@ -161,22 +161,13 @@ def weight_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
-def warp_specialized_a8_tunings(layer: LayerConfig, target: Target, b_operand: str = "registers") -> TuningPlan:
-    """Every bucket of a dense layer with 8-bit activations on the warp-specialized kernels (the heuristics' own
-    plan on sm_90a), weights read from `b_operand`: 'shared' (WgmmaSS8, 8-bit weights only) needs every bucket
-    there, since a layer keeps one packed copy (BLayoutSw128)."""
-    plan = []
-    for m_max in A8_BUCKETS:
-        t = tuning_for_a8(layer, target, m_max)
-        fields = {f.name: getattr(t, f.name) for f in attrs.fields(TuningConfig) if f.init and f.name != "stages"}
-        plan.append((m_max, deepest(layer, target, {**fields, "b_operand": b_operand})))
-    return TuningPlan(tuple(plan))
-
-
 def shared_weight_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
-    """warp_specialized_a8_tunings with the weights read from shared memory (opt-in; measured on the H200 in
-    bench/ss_bench.py: faster than the default plan at M <= 16, slower from M = 1024 on)."""
-    return warp_specialized_a8_tunings(layer, target, "shared")
+    """The heuristics' plan for a dense 8-bit-weight x 8-bit-activation layer (warp-specialized at every M on
+    sm_90a) with the weights read from shared memory (b_operand='shared', WgmmaSS8): every bucket, since a layer keeps
+    one packed copy (BLayoutSw128); the stages stay, the weight stage is the same bytes. Opt-in: measured on the H200
+    (bench/ss_bench.py) faster than register weights at M <= 16, slower from M = 1024 on."""
+    return TuningPlan(tuple((m_max, attrs.evolve(tuning_for_a8(layer, target, m_max), b_operand="shared"))
+                            for m_max in A8_BUCKETS))
 
 
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
