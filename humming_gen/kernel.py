@@ -212,6 +212,17 @@ class Launcher:
             self._grow_scratch(m)
         self._launch(a, out, m)
 
+    def launch_codes(self, codes: int, ldq: int, m: int, out: torch.Tensor, a_scale: int) -> None:
+        """Launch a dense kernel with 8-bit activations on m rows of codes at address `codes` (row stride `ldq`
+        bytes) and their fp32 scales at `a_scale` (humming_gen.activation.RowQuantizer's buffer): the __call__
+        path without the tensors."""
+        if self._a_scale_slot is None or self._routing_slots:
+            raise ValueError(f"kernel {self.kernel.name}: launch_codes serves dense kernels with 8-bit activations")
+        if self._scratch_slots and m > self._scratch_rows:
+            self._grow_scratch(m)
+        self._values[self._a_scale_slot] = a_scale
+        self._launch_at(codes, ldq, out, m)
+
     def _set_a_scale(self, a_scale: torch.Tensor | None) -> None:
         """The activation scales of a kernel with quantized activations (ValueError where given to a 16-bit kernel
         or missing for an 8-bit one)."""
@@ -224,6 +235,10 @@ class Launcher:
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
+        self._launch_at(a.data_ptr(), a.stride(0), out, m)
+
+    def _launch_at(self, a: int, lda: int, out: torch.Tensor, m: int) -> None:
+        """_launch with the activation rows given by address and row stride."""
         if self._fn is None:
             self._load()
         grid = self._grids.get(m)
@@ -232,8 +247,8 @@ class Launcher:
                 self._grids.clear()
             grid = self._grids[m] = self._grid(m)
         values, at = self._values, self._per_call
-        values[at[ACTIVATION]], values[at[OUTPUT]] = a.data_ptr(), out.data_ptr()
-        values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, a.stride(0), out.stride(0)
+        values[at[ACTIVATION]], values[at[OUTPUT]] = a, out.data_ptr()
+        values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, lda, out.stride(0)
         runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                        pdl=self._pdl)
 

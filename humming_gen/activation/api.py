@@ -189,3 +189,52 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     if x.dim() != 2:
         codes = codes.reshape(*x.shape[:-1], row_bytes)
     return QuantizedActivation(scheme, codes, scales, global_scale, layout="kernel")
+
+
+class RowQuantizer:
+    """quantize_activation's launch bound to one layer's rows (scheme, input dtype, K, static scale fixed), for the
+    eager hot path of QuantLinear: no argument checks (the layer checked x), no result objects, and codes and scales
+    in one allocation (codes: m rows of `ldq` bytes, then the m fp32 scales). The same kernel and Params as
+    quantize_activation, so the same bits. Serves what one kernel launch quantizes: per-token scales, or a static
+    per-tensor scale, on rows of 16-byte aligned loads; `create` returns None for anything else (the caller keeps
+    quantize_activation)."""
+
+    __slots__ = ("ldq", "kernel", "rows_per_cta", "values", "index", "scale_bytes", "keep")
+
+    def __init__(self, plan: _Plan, k: int, index: int, static_scale: torch.Tensor | None):
+        self.ldq = plan.ldq(k)
+        self.kernel, self.rows_per_cta = plan.rows_kernel(k)
+        self.index = index
+        self.scale_bytes = 0 if static_scale is not None else torch.empty((), dtype=plan.scale_torch).element_size()
+        self.values = {"ldq": self.ldq, "k": k, "groups": 1}
+        self.keep = None
+        if static_scale is not None:
+            self.keep = static_scale.reshape(1).to(torch.float32).contiguous()  # alive as long as the values point at it
+            self.values["tensor_scale"] = self.keep.data_ptr()
+
+    @staticmethod
+    def create(scheme: ActivationScheme, dtype: torch.dtype, k: int, device: torch.device,
+               static_scale: torch.Tensor | None) -> "RowQuantizer | None":
+        static = static_scale is not None
+        if (scheme.granularity not in ("token", "tensor") or (scheme.granularity == "tensor") != static
+                or scheme.global_scale or scheme.dtype.bits != 8 or dtype not in _INPUT_DTYPES
+                or k * dtype.itemsize % 16 or device.type not in _DEVICE_TYPES):
+            return None
+        plan = _plan(scheme, dtype, _target(device), static, True, True)
+        if plan.amax is not None or plan.group or plan.group_lanes:
+            return None
+        return RowQuantizer(plan, k, device.index or 0, static_scale)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """Quantize (m, K) rows x (unit column stride, rows 16-byte aligned): (buffer, codes pointer, scales
+        pointer). The buffer holds codes and scales; keep it until the GEMM is launched (torch's allocator orders
+        its reuse after the kernels of this stream)."""
+        m = x.shape[0]
+        buf = torch.empty(m * (self.ldq + self.scale_bytes), dtype=torch.uint8, device=x.device)
+        codes = buf.data_ptr()
+        values = self.values
+        values["x"], values["ldx"], values["codes"], values["m"] = x.data_ptr(), x.stride(0), codes, m
+        scales = values["tensor_scale"] if self.scale_bytes == 0 else codes + m * self.ldq
+        values["scales"] = scales
+        self.kernel.launch(-(-m // self.rows_per_cta), values, self.index)
+        return buf, codes, scales

@@ -133,6 +133,9 @@ class QuantLinear(torch.nn.Module):
         #: per bucket: its kernel reads x and quantizes it in its loader (TuningConfig.a_load='quantize'), so
         #: forward launches it on x alone (no quantize_activation kernel, no codes or scales allocated)
         self.quantizes_in_gemm = [t.a_load == "quantize" for _, t in self.tunings.buckets]
+        # the eager quantize launch bound to this layer (humming_gen.activation.api.RowQuantizer), made on the first
+        # quantized call (False: not yet; None: the scheme needs quantize_activation's general path)
+        self._row_quantizer = False
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
@@ -265,12 +268,24 @@ class QuantLinear(torch.nn.Module):
                     launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
                     return
                 break
-        from humming_gen.activation import quantize_activation
-
         k = self.in_features
         a = _as_rows(x, k)
         if a is None:
             a = x.reshape(-1, k).contiguous()
+        quantizer = self._row_quantizer
+        if quantizer is False:  # first quantized call: bind the launch where one kernel serves the scheme
+            from humming_gen.activation.api import RowQuantizer
+
+            quantizer = self._row_quantizer = RowQuantizer.create(self.activation_scheme, a.dtype, k, a.device,
+                                                                  self._static_scale)
+        if quantizer is not None and a.stride(0) * a.element_size() % 16 == 0 and a.data_ptr() % 16 == 0:
+            _buf, codes, scales = quantizer(a)  # (_buf holds codes and scales until the GEMM is launched)
+            for m_max, launcher in self._launchers:
+                if m_max is None or m <= m_max:
+                    launcher.launch_codes(codes, quantizer.ldq, m, c, scales)
+                    return
+        from humming_gen.activation import quantize_activation
+
         qa = quantize_activation(a, self.activation_scheme, static_scale=self._static_scale)
         m = a.shape[0]
         for m_max, launcher in self._launchers:
