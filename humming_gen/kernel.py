@@ -60,6 +60,12 @@ class Kernel:
         return f"Kernel({self.name}, target={self.plan.target.name}, smem={self.plan.shared_bytes} B)"
 
     @property
+    def activation_layout(self) -> str:
+        """How the kernel reads its activation codes: "panels" (TuningConfig.a_load='tma': quantize with
+        quantize_activation(x, scheme, layout="panels")), else "rows"."""
+        return "panels" if self.plan.tuning.a_load == "tma" else "rows"
+
+    @property
     def resources(self) -> dict:
         """ptxas figures (registers, spills, ...) of the entry function."""
         if self.compiled is None:
@@ -93,7 +99,8 @@ class Kernel:
                a_scale: torch.Tensor | None = None) -> torch.Tensor:
         """out[:m] = x @ W^T (+ bias). x (m, k) and out (m, n) must be row-major with unit column stride;
         `weight` is the PreparedWeight of this kernel's layout. No checks beyond what the caller did. Kernels with
-        quantized activations take the codes as x and their fp32 scales as a_scale (humming_gen.quantize_activation).
+        quantized activations take the codes as x and their fp32 scales as a_scale (humming_gen.quantize_activation,
+        in the kernel's `activation_layout`: (K / 128, m, 128) codes for "panels").
 
         The launcher (and its split-K scratch) of the last LAUNCH_CACHE_SIZE weights is kept; for CUDA graphs
         over more weights, hold your own from `bind` (QuantLinear does), so no captured scratch is ever freed."""
@@ -117,7 +124,7 @@ class Launcher:
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
                  "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",
-                 "_routing_slots", "_grids")
+                 "_routing_slots", "_grids", "_panels")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
@@ -138,6 +145,7 @@ class Launcher:
         if missing:
             raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
         self._a_scale_slot = self._per_call.get(ACTIVATION_SCALE)
+        self._panels = kernel.activation_layout == "panels"  # a: (K / 128, m, 128) codes, lda the panel stride
         self._struct = kernel._struct
         self._fn = None
         self._grid, self._block, self._smem, self._pdl = plan.grid, (plan.threads, 1, 1), plan.shared_bytes, plan.pdl
@@ -203,10 +211,23 @@ class Launcher:
 
     def __call__(self, a: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None = None) -> None:
         """Launch on (m, k) activations `a` into `out`; `a_scale`: the fp32 scales of quantized activations
-        (codes in `a`, row stride in bytes), which kernels with 8-bit activations need and others do not take."""
+        (codes in `a`, row stride in bytes), which kernels with 8-bit activations need and others do not take.
+        A kernel of activation_layout "panels" takes the codes as quantize_activation(layout="panels") returns them,
+        (K / 128, m, 128)."""
         if self._routing_slots:
             raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
         self._set_a_scale(a_scale)
+        if (a.dim() == 3) != self._panels:
+            raise ValueError(f"kernel {self.kernel.name} reads activation codes in the "
+                             f"{'panels' if self._panels else 'rows'} layout, got a of shape {tuple(a.shape)}; "
+                             + ("quantize with quantize_activation(x, scheme, layout='panels')" if self._panels
+                                else "pass (m, k) rows"))
+        if self._panels:
+            m = a.shape[1]
+            if self._scratch_slots and m > self._scratch_rows:
+                self._grow_scratch(m)
+            self._launch_at(a.data_ptr(), a.stride(0), out, m)
+            return
         m = a.shape[0]
         if self._scratch_slots and m > self._scratch_rows:
             self._grow_scratch(m)
@@ -214,8 +235,8 @@ class Launcher:
 
     def launch_codes(self, codes: int, ldq: int, m: int, out: torch.Tensor, a_scale: int) -> None:
         """Launch a dense kernel with 8-bit activations on m rows of codes at address `codes` (row stride `ldq`
-        bytes) and their fp32 scales at `a_scale` (humming_gen.activation.RowQuantizer's buffer): the __call__
-        path without the tensors."""
+        bytes, or the panel stride m * 128 for a kernel of activation_layout "panels") and their fp32 scales at
+        `a_scale` (humming_gen.activation.RowQuantizer's buffer): the __call__ path without the tensors."""
         if self._a_scale_slot is None or self._routing_slots:
             raise ValueError(f"kernel {self.kernel.name}: launch_codes serves dense kernels with 8-bit activations")
         if self._scratch_slots and m > self._scratch_rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from humming_gen.activation.kernel import PARTIALS, ROW_WARPS_MAX_VECTORS, QuantizeConfig, build
-from humming_gen.schemes.quantize import QuantizedActivation
+from humming_gen.schemes.quantize import MAX_PANEL_ROWS, PANEL_K, QuantizedActivation
 from humming_gen.schemes.scheme import ActivationScheme
 from humming_gen.targets import Target
 
@@ -31,11 +31,12 @@ class _Plan:
                  "scale_torch", "config", "_row_warps")
 
     def __init__(self, scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
-                 hardware_convert: bool):
+                 hardware_convert: bool, panels: bool = False):
         element_bytes = dtype.itemsize
         dtype_name = _INPUT_DTYPES[dtype]
         wide = row_wide and (scheme.granularity != "group" or scheme.group_size * element_bytes % 16 == 0)
-        cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert)
+        cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert,
+                             panels=panels)
         self.scheme, self.target, self.kernel, self.config = scheme, target, build(cfg), cfg
         self._row_warps = None  # per-token scales of short rows: one warp per row, built on first use
         self.amax = (build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
@@ -70,15 +71,31 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
-          hardware_convert: bool) -> _Plan:
+          hardware_convert: bool, panels: bool = False) -> _Plan:
     """The cached plan (keyed by identity: hashing a scheme costs more than the rest of a call)."""
-    key = (id(scheme), id(target), dtype, static, row_wide, hardware_convert)
+    key = (id(scheme), id(target), dtype, static, row_wide, hardware_convert, panels)
     plan = _plans.get(key)
     if plan is None or plan.scheme is not scheme or plan.target is not target:
         if len(_plans) >= 256:  # a bound on memory (and on ids of collected schemes)
             _plans.clear()
-        plan = _plans[key] = _Plan(scheme, dtype, target, static, row_wide, hardware_convert)
+        plan = _plans[key] = _Plan(scheme, dtype, target, static, row_wide, hardware_convert, panels)
     return plan
+
+
+LAYOUTS = ("rows", "panels")
+
+
+def panel_layout_problem(scheme: ActivationScheme, shape: tuple[int, ...]) -> str | None:
+    """Why activations of `shape` cannot be quantized into the "panels" layout (None when they can)."""
+    if scheme.dtype.bits != 8:
+        return f"the panels layout holds 8-bit codes, got {scheme.dtype.name}"
+    if len(shape) != 2:
+        return f"the panels layout takes (M, K) activations, got shape {tuple(shape)}"
+    if shape[1] % PANEL_K:
+        return f"the panels layout needs K a multiple of {PANEL_K}, got K = {shape[1]}"
+    if shape[0] > MAX_PANEL_ROWS:
+        return f"the panels layout holds at most {MAX_PANEL_ROWS} rows (a 32-bit panel stride), got {shape[0]}"
+    return None
 
 
 def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> None:
@@ -121,13 +138,18 @@ def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> Non
 
 def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
                         static_scale: torch.Tensor | None = None, *,
-                        hardware_convert: bool = True) -> QuantizedActivation:
+                        hardware_convert: bool = True, layout: str = "rows") -> QuantizedActivation:
     """Quantize activations x (..., K) on the GPU with `activation_scheme`, on torch's current stream.
 
     The codes and scales are bit-identical to `activation_scheme.quantize(x)` (docs/FORMATS.md 4.1 states the
     ties argument); they come back in the kernel layout of `QuantizedActivation` (layout "kernel": codes row-major,
     rows 16-byte aligned, 4-bit codes two per byte low nibble first; scales (..., groups) row-major in the scale
     dtype's raw bits). `.to_reference()` gives the reference layout.
+
+    layout: "rows" (the kernel layout above), or "panels": 8-bit codes of (M, K) x with K a multiple of 128 as a
+        (K / 128, M, 128) uint8 tensor, row r's 16-byte chunk c of panel p at codes[p, r, 16 * (c ^ (r % 8))]
+        (QuantizedActivation layout "panels"): wgmma's 128-byte-swizzled K-major layout, which the
+        warp-specialized 8-bit GEMMs (TuningConfig.a_load='tma') copy a stage of in one bulk copy.
 
     static_scale: a checkpoint's per-tensor input_scale (one-element fp32 tensor on x's device): the per-tensor
         scale of granularity "tensor", or the global scale of an NVFP4 scheme. None: computed from x, by a
@@ -138,6 +160,12 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     K, CUDA device, K even for 4-bit codes, a scheme the kernels serve) before anything is launched.
     """
     _check_input(x, activation_scheme, static_scale)
+    if layout not in LAYOUTS:
+        raise ValueError(f"quantize_activation: layout is {layout!r}; allowed: {LAYOUTS}")
+    panels = layout == "panels"
+    if panels and panel_layout_problem(activation_scheme, tuple(x.shape)):
+        raise ValueError(f"quantize_activation: layout='panels': "
+                         f"{panel_layout_problem(activation_scheme, tuple(x.shape))}")
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]
@@ -149,11 +177,14 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     # kernel also needs whole vectors per group)
     row_wide = k * element_bytes % 16 == 0 and x2.stride(0) * element_bytes % 16 == 0 and x2.data_ptr() % 16 == 0
     static = static_scale is not None
-    plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert)
+    plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert, panels)
 
-    codes = torch.empty((m, plan.ldq(k)), dtype=torch.uint8, device=device)
+    if panels:
+        codes = torch.empty((k // PANEL_K, m, PANEL_K), dtype=torch.uint8, device=device)
+    else:
+        codes = torch.empty((m, plan.ldq(k)), dtype=torch.uint8, device=device)
     groups = -(-k // scheme.group_size) if plan.group else 1
-    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": codes.shape[1], "m": m,
+    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": codes.data_ptr(), "ldq": codes.stride(0), "m": m,
               "k": k, "groups": groups}
     global_scale = None
     if plan.tensor and static:
@@ -183,6 +214,8 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     else:
         kernel, rows_per_cta = plan.rows_kernel(k)
         kernel.launch(-(-m // rows_per_cta), values, index)
+    if panels:
+        return QuantizedActivation(scheme, codes, scales, global_scale, layout="panels")
     row_bytes = plan.row_bytes(k)
     if row_bytes != codes.shape[1]:
         codes = codes[:, :row_bytes]
@@ -197,12 +230,14 @@ class RowQuantizer:
     in one allocation (codes: m rows of `ldq` bytes, then the m fp32 scales). The same kernel and Params as
     quantize_activation, so the same bits. Serves what one kernel launch quantizes: per-token scales, or a static
     per-tensor scale, on rows of 16-byte aligned loads; `create` returns None for anything else (the caller keeps
-    quantize_activation)."""
+    quantize_activation). `panels`: codes in the panels layout (quantize_activation(layout="panels")), whose
+    panel stride `lda(m)` gives."""
 
-    __slots__ = ("ldq", "kernel", "rows_per_cta", "values", "index", "scale_bytes", "keep")
+    __slots__ = ("ldq", "kernel", "rows_per_cta", "values", "index", "scale_bytes", "keep", "panels")
 
     def __init__(self, plan: _Plan, k: int, index: int, static_scale: torch.Tensor | None):
         self.ldq = plan.ldq(k)
+        self.panels = plan.config.panels
         self.kernel, self.rows_per_cta = plan.rows_kernel(k)
         self.index = index
         self.scale_bytes = 0 if static_scale is not None else torch.empty((), dtype=plan.scale_torch).element_size()
@@ -214,16 +249,20 @@ class RowQuantizer:
 
     @staticmethod
     def create(scheme: ActivationScheme, dtype: torch.dtype, k: int, device: torch.device,
-               static_scale: torch.Tensor | None) -> "RowQuantizer | None":
+               static_scale: torch.Tensor | None, panels: bool = False) -> "RowQuantizer | None":
         static = static_scale is not None
         if (scheme.granularity not in ("token", "tensor") or (scheme.granularity == "tensor") != static
                 or scheme.global_scale or scheme.dtype.bits != 8 or dtype not in _INPUT_DTYPES
-                or k * dtype.itemsize % 16 or device.type not in _DEVICE_TYPES):
+                or k * dtype.itemsize % 16 or device.type not in _DEVICE_TYPES or (panels and k % PANEL_K)):
             return None
-        plan = _plan(scheme, dtype, _target(device), static, True, True)
+        plan = _plan(scheme, dtype, _target(device), static, True, True, panels)
         if plan.amax is not None or plan.group or plan.group_lanes:
             return None
         return RowQuantizer(plan, k, device.index or 0, static_scale)
+
+    def lda(self, m: int) -> int:
+        """The GEMM's activation stride for m rows: bytes per row, or per panel (m * 128) in the panels layout."""
+        return m * PANEL_K if self.panels else self.ldq
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """Quantize (m, K) rows x (unit column stride, rows 16-byte aligned): (buffer, codes pointer, scales
@@ -234,6 +273,8 @@ class RowQuantizer:
         codes = buf.data_ptr()
         values = self.values
         values["x"], values["ldx"], values["codes"], values["m"] = x.data_ptr(), x.stride(0), codes, m
+        if self.panels:
+            values["ldq"] = m * PANEL_K
         scales = values["tensor_scale"] if self.scale_bytes == 0 else codes + m * self.ldq
         values["scales"] = scales
         self.kernel.launch(-(-m // self.rows_per_cta), values, self.index)

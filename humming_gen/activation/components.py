@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 from humming_gen.formats import DType, FloatType, IntType
 
 # Formats with a cvt.rn.satfinite.<name>x2.f32 instruction, by (exponent, mantissa, bias, nan) and target feature.
@@ -158,6 +158,7 @@ class VectorIO(Component):
     vector: int
     bits: int
     quantize: bool  # False in the tensor_amax kernel: loads and amax only
+    panels: bool = option_field()  # 8-bit codes in the panel layout (QuantizeConfig.panels): codes_at
 
     def extra_context(self) -> dict[str, Any]:
         return {"input_type": INPUT_TYPE[self.input_dtype], "store_bytes": self.vector * self.bits // 8,
@@ -195,6 +196,7 @@ class Skeleton(Component):
     global_scale: str | None  # None, "dynamic", "static"
     scale_bits: int
     pdl: bool
+    panels: bool = option_field()  # codes stored through codes_at (QuantizeConfig.panels)
 
     @property
     def template(self) -> str:  # type: ignore[override]

@@ -68,6 +68,8 @@ class QuantizeConfig:
     hardware_convert: use the target's cvt pair conversion where the element format has one (tests turn it off
     to run the software rounding on the same device). row_warps: one warp per row, kRowsPerCta rows per CTA
     (per-token scales only; quantize_activation takes it for rows of at most ROW_WARPS_MAX_VECTORS vectors).
+    panels: 8-bit codes in the panel layout (quantize_activation(layout="panels")), which the warp-specialized
+    8-bit GEMMs copy a stage of in one bulk copy; Params.ldq is then the panel stride, m * 128 bytes.
     """
 
     scheme: ActivationScheme
@@ -78,6 +80,7 @@ class QuantizeConfig:
     stage: str = "quantize"
     hardware_convert: bool = True
     row_warps: bool = False
+    panels: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.input_dtype not in INPUT_DTYPES:
@@ -96,6 +99,9 @@ class QuantizeConfig:
         if self.row_warps and (self.scheme.granularity != "token" or self.stage != "quantize"):
             problems.append(f"row_warps (one warp per row) serves per-token scales, got granularity "
                             f"{self.scheme.granularity!r} stage {self.stage!r}")
+        if self.panels and (self.bits != 8 or self.stage != "quantize"):
+            problems.append(f"panels (the GEMMs' bulk-copied layout) holds 8-bit codes of the quantize stage, got "
+                            f"{self.bits}-bit codes, stage {self.stage!r}")
         if self.stage == "amax" and not self.needs_amax_pass:
             problems.append("stage 'amax' exists only for a dynamic per-tensor or global scale")
         if problems:
@@ -159,8 +165,9 @@ class QuantizeConfig:
     def to_dict(self) -> dict:
         out = {"scheme": self.scheme.to_dict(), "input_dtype": self.input_dtype, "target": self.target.name,
                "static": self.static, "wide": self.wide, "stage": self.stage, "hardware_convert": self.hardware_convert}
-        if self.row_warps:  # (listed only when set: the other kernels keep their keys)
-            out["row_warps"] = True
+        for name in ("row_warps", "panels"):  # (listed only when set: the other kernels keep their keys)
+            if getattr(self, name):
+                out[name] = True
         return out
 
     def key(self) -> str:
@@ -180,13 +187,16 @@ class QuantizeConfig:
         parts += [f"loads={'16B' if self.wide else 'element'}", f"convert={self.convert or 'software'}"]
         if self.row_warps:
             parts.append("rows=warp")
+        if self.panels:
+            parts.append("codes=panels")
         return " ".join(parts)
 
     @property
     def kernel_name(self) -> str:
         s = self.scheme
         gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
-        name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}_{s.scale_dtype.name}_" \
+        name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}{'_p' if self.panels else ''}_" \
+               f"{s.scale_dtype.name}_" \
                f"{self.input_dtype}_{self.target.name}"
         return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
 
@@ -229,13 +239,13 @@ def components(cfg: QuantizeConfig) -> list:
         out.append(ElementCode(element=s.dtype, convert=cfg.convert,
                                value_type="double" if s.global_scale else "float"))
     out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
-                        quantize=cfg.stage == "quantize"))
+                        quantize=cfg.stage == "quantize", panels=cfg.panels))
     if cfg.kind in ("tensor_amax", "quantize_rows") or partials:
         out.append(BlockMax(partials=partials))
     out.append(Skeleton(kind=cfg.kind, kernel_name=cfg.kernel_name, input_dtype=cfg.input_dtype,
                         granularity=s.granularity, static=cfg.static, partials=partials,
                         global_scale=("static" if cfg.static else "dynamic") if s.global_scale else None,
-                        scale_bits=cfg.scale_bits, pdl=cfg.pdl))
+                        scale_bits=cfg.scale_bits, pdl=cfg.pdl, panels=cfg.panels))
     return out
 
 
@@ -260,7 +270,8 @@ def param_fields(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
     fields = [("x", "const void*", f"activations (m, k) {cfg.input_dtype}, row stride ldx elements"),
               ("ldx", "long long", "")]
     if cfg.stage == "quantize":
-        fields += [("codes", "unsigned char*", f"{cfg.bits}-bit codes, row stride ldq bytes"), ("ldq", "long long", "")]
+        fields += [("codes", "unsigned char*", "8-bit codes in 128-column panels of m rows, panel stride ldq bytes"
+                    if cfg.panels else f"{cfg.bits}-bit codes, row stride ldq bytes"), ("ldq", "long long", "")]
         if not (s.granularity == "tensor" and cfg.static):
             fields.append(("scales", "void*", f"{s.scale_dtype.name} scales, (m, groups) row-major"))
         if s.granularity == "group":

@@ -14,6 +14,7 @@ from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
 from humming_gen.layer.weights import (PreparedWeight, fold_serves, layout_key, prepare_weight, resolve_device,
                                       scales_fold)
 from humming_gen.schemes import QuantizedWeight, QuantScheme
+from humming_gen.schemes.quantize import MAX_PANEL_ROWS
 from humming_gen.targets import Target
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -133,9 +134,10 @@ class QuantLinear(torch.nn.Module):
         #: per bucket: its kernel reads x and quantizes it in its loader (TuningConfig.a_load='quantize'), so
         #: forward launches it on x alone (no quantize_activation kernel, no codes or scales allocated)
         self.quantizes_in_gemm = [t.a_load == "quantize" for _, t in self.tunings.buckets]
-        # the eager quantize launch bound to this layer (humming_gen.activation.api.RowQuantizer), made on the first
-        # quantized call (False: not yet; None: the scheme needs quantize_activation's general path)
-        self._row_quantizer = False
+        # the eager quantize launches bound to this layer (humming_gen.activation.api.RowQuantizer), per codes layout
+        # its buckets read ("rows", "panels"), made on the first quantized call of each (None: the scheme needs
+        # quantize_activation's general path)
+        self._row_quantizers: dict[str, object] = {}
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
     def _quantized_activation_reasons(self, qweight: QuantizedWeight, scheme: QuantScheme, has_bias: bool,
@@ -258,40 +260,37 @@ class QuantLinear(torch.nn.Module):
                 return
 
     def _launch_quantized(self, x: torch.Tensor, c: torch.Tensor) -> None:
-        """Quantize x's rows on the GPU (humming_gen.quantize_activation: codes in rows of 16-byte stride, fp32
-        scales; it triggers PDL, so the GEMM's weight prefetch overlaps it) and run the GEMM on the codes; or, for
-        the buckets whose kernel quantizes in its loader (quantize_in_gemm=True), run that kernel on x."""
+        """Quantize x's rows on the GPU (humming_gen.quantize_activation, into the layout the bucket's kernel reads:
+        rows of 16-byte stride, or the panels its stages bulk-copy; it triggers PDL, so the GEMM's weight prefetch
+        overlaps it) and run the GEMM on the codes; or, for the buckets whose kernel quantizes in its loader
+        (quantize_in_gemm=True), run that kernel on x."""
         m = c.shape[0]
         for (m_max, launcher), fused in zip(self._launchers, self.quantizes_in_gemm):
             if m_max is None or m <= m_max:
-                if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
-                    launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
-                    return
                 break
+        if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
+            launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
+            return
         k = self.in_features
         a = _as_rows(x, k)
         if a is None:
             a = x.reshape(-1, k).contiguous()
-        quantizer = self._row_quantizer
+        layout = launcher.kernel.activation_layout
+        quantizer = self._row_quantizers.get(layout, False)
         if quantizer is False:  # first quantized call: bind the launch where one kernel serves the scheme
             from humming_gen.activation.api import RowQuantizer
 
-            quantizer = self._row_quantizer = RowQuantizer.create(self.activation_scheme, a.dtype, k, a.device,
-                                                                  self._static_scale)
-        if quantizer is not None and a.stride(0) * a.element_size() % 16 == 0 and a.data_ptr() % 16 == 0:
+            quantizer = self._row_quantizers[layout] = RowQuantizer.create(
+                self.activation_scheme, a.dtype, k, a.device, self._static_scale, panels=layout == "panels")
+        if (quantizer is not None and a.stride(0) * a.element_size() % 16 == 0 and a.data_ptr() % 16 == 0
+                and m <= MAX_PANEL_ROWS):  # (quantize_activation refuses more rows for panels, naming the limit)
             _buf, codes, scales = quantizer(a)  # (_buf holds codes and scales until the GEMM is launched)
-            for m_max, launcher in self._launchers:
-                if m_max is None or m <= m_max:
-                    launcher.launch_codes(codes, quantizer.ldq, m, c, scales)
-                    return
+            launcher.launch_codes(codes, quantizer.lda(m), m, c, scales)
+            return
         from humming_gen.activation import quantize_activation
 
-        qa = quantize_activation(a, self.activation_scheme, static_scale=self._static_scale)
-        m = a.shape[0]
-        for m_max, launcher in self._launchers:
-            if m_max is None or m <= m_max:
-                launcher(qa.codes, c, qa.scales)
-                return
+        qa = quantize_activation(a, self.activation_scheme, static_scale=self._static_scale, layout=layout)
+        launcher(qa.codes, c, qa.scales)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """y = x @ W^T (+ bias) through the `humming_gen::gemm` op (or `gemm_out` into `out`, returned).

@@ -215,9 +215,13 @@ def quantize_weight(scheme: QuantScheme, w: torch.Tensor) -> QuantizedWeight:
 
 
 # --- activations ----------------------------------------------------------------------------------------------
+PANEL_K = 128  # columns per panel of QuantizedActivation's "panels" layout (a 128-byte swizzle row of codes)
+MAX_PANEL_ROWS = (2 ** 31 - 1) // PANEL_K  # the GEMMs take the panel stride (rows * 128 bytes) as a 32-bit int
+
+
 @attrs.define(eq=False)
 class QuantizedActivation:
-    """Quantized activations (..., K), in one of two layouts.
+    """Quantized activations (..., K), in one of three layouts.
 
     layout "reference" (`ActivationScheme.quantize`): codes uint8, one raw element code per byte, shape of the
     input; scales float32 decoded values, (..., 1) per token, (..., ceil(K / group_size)) per group, (1, ..., 1)
@@ -227,7 +231,11 @@ class QuantizedActivation:
     16-byte aligned (stride(-2) = K bytes rounded up to 16; the bytes past the row's end are unspecified); scales
     of the same shapes as the reference's, row-major, as raw bits of the scheme's scale dtype (float32 / bfloat16 /
     float16 tensors, uint8 codes for the 8-bit formats e4m3, e5m2, e8m0); global_scale as the reference's.
-    `to_reference()` turns a kernel-layout result into the reference layout.
+    layout "panels" (`humming_gen.quantize_activation(x, s, layout="panels")`, what the warp-specialized 8-bit GEMMs
+    copy a stage of in one bulk copy): 8-bit codes of (M, K) activations, K a multiple of 128, as (K / 128, M, 128)
+    uint8: panel p holds columns 128p .. 128p + 127, row r's 16-byte chunk c at bytes 16 (c ^ (r % 8)) of its row
+    (wgmma's 128-byte swizzle); scales as in layout "kernel".
+    `to_reference()` turns a kernel- or panels-layout result into the reference layout.
     """
 
     scheme: ActivationScheme
@@ -241,6 +249,14 @@ class QuantizedActivation:
         if self.layout == "reference":
             return self
         codes = self.codes
+        if self.layout == "panels":
+            panels, m, _ = codes.shape
+            rows = torch.arange(m, device=codes.device)
+            chunk = torch.arange(8, device=codes.device)
+            physical = chunk[None, :] ^ (rows[:, None] % 8)  # (m, 8): where row r keeps its chunk c
+            chunks = codes.reshape(panels, m, 8, 16)
+            chunks = torch.gather(chunks, 2, physical[None, :, :, None].expand(panels, m, 8, 16))
+            codes = chunks.permute(1, 0, 2, 3).reshape(m, panels * 128)
         if self.scheme.dtype.bits == 4:
             low, high = codes & 0xF, codes >> 4
             codes = torch.stack([low, high], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])

@@ -298,22 +298,22 @@ def test_bound_quantizer_launches_what_quantize_activation_launches(launches, mo
     layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
     (x,) = _inputs("linear", m)
     paths = {}
+    layout = layer.kernel_for(m).activation_layout
     for path in ("bound", "general"):
-        if path == "general":
-            monkeypatch.setattr(layer, "_row_quantizer", None)  # quantize_activation, as for other schemes
+        if path == "general":  # quantize_activation, as for other schemes
+            monkeypatch.setattr(layer, "_row_quantizers", {"rows": None, "panels": None})
         launches.clear()
         y = layer(x)
-        assert (layer._row_quantizer is not None) == (path == "bound")
+        assert (layer._row_quantizers[layout] is not None) == (path == "bound")
         (q_name, _, q_params), (g_name, _, g_params) = launches
         paths[path] = _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"})
         q_words = set(struct.unpack(f"<{len(q_params) // 8}Q", q_params))
-        g_words = struct.unpack(f"<{len(g_params) // 8}Q", g_params)
-        written = {w for w in g_words if w >= 1 << 44 and w not in (x.data_ptr(), y.data_ptr())} - {
-            t.data_ptr() for t in (layer.weight.b, layer.weight.out_scale) if t is not None}
-        assert written and written <= q_words, (path, written, q_words)  # codes and scales: what quantize wrote
+        kernel = layer.kernel_for(m)
+        g_fields = dict(zip([a.name for a in kernel.plan.args], kernel._struct.unpack(g_params)))
+        assert g_fields["lda"] == (m * 128 if layout == "panels" else K), (layout, g_fields["lda"])
+        written = {g_fields["a"], g_fields["a_scale"]}
+        assert written <= q_words, (path, written, q_words)  # codes and scales: what quantize wrote
         if not static:  # codes (m rows of K bytes) and scales apart: neither overwrites the other
             lo, hi = sorted(written)
             assert hi - lo >= m * K, (path, hi - lo)
     assert paths["bound"] == paths["general"]
-    quantizer = layer.__dict__.get("_row_quantizer")
-    assert quantizer is None  # (the monkeypatch above replaced it; the bound one served the first call)

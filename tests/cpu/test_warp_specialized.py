@@ -83,10 +83,27 @@ def test_barrier_counts_and_registers_match_the_roles(m: int) -> None:
     consume = src[src.index("void consume("):]
     release = consume[consume.index("auto release"):consume.index("};", consume.index("auto release"))]
     assert release.strip().endswith("{ mbarrier_arrive(ring.empty_bars + 8 * s);") and "if" not in release
-    regs = c["kProducerRegisters"] * 128 + c["kConsumerRegisters"] * 128 * c["kConsumerWarpgroups"]
-    assert regs <= 65536 and c["kProducerRegisters"] % 8 == 0 and c["kConsumerRegisters"] % 8 == 0
-    assert 24 <= c["kProducerRegisters"] and c["kConsumerRegisters"] <= 256
+    _assert_register_budgets(c, 128 * c["kConsumerWarpgroups"])
     assert plan.shared_bytes + STATIC_SMEM <= SM90.smem_per_block_optin
+
+
+def _assert_register_budgets(c: dict, consumer_threads: int) -> None:
+    """setmaxnreg.inc waits until registers the CTA released cover it: the budgets must fit what the launch
+    allocated (the per-thread cap of __launch_bounds__(kThreads, 1) times kThreads), not the register file, or the
+    consumers wait forever (a producer budget of 48 beside 232 hung the 8-bit kernels on the H200)."""
+    launched = 65536 // c["kThreads"] // 8 * 8 * c["kThreads"]
+    regs = c["kProducerRegisters"] * c["kProducerThreads"] + c["kConsumerRegisters"] * consumer_threads
+    assert regs <= launched, (regs, launched)
+    assert c["kProducerRegisters"] % 8 == 0 and c["kConsumerRegisters"] % 8 == 0
+    assert 24 <= c["kProducerRegisters"] and c["kConsumerRegisters"] <= 256
+
+
+@pytest.mark.parametrize("fmt", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-int4-g128-int8"])
+def test_a8_register_budgets_fit_the_launch(fmt: str) -> None:
+    layer = LayerConfig(8192, 8192, fmt)
+    for _, t in choose_tunings(layer, SM90, stored=False).buckets:
+        c = {name: value for name, value, _ in compose(layer, ComputeConfig(), t, SM90).constants}
+        _assert_register_budgets(c, c["kConsumerThreads"])
 
 
 def test_kernels_compile_without_spills_or_wgmma_serialization() -> None:
@@ -120,9 +137,12 @@ def test_refusals_name_the_reason() -> None:
     a8_tuning = choose_tunings(a8, SM90).for_m(1024)
     assert a8_tuning.pipeline == "warp_specialized" and a8_tuning.block_n == 128
     for field, value, needle in (("block_m", 200, "up to 192 tokens"), ("split_k", 100, "exceeds the"),
-                                 ("block_k", 64, "128 or 256"), ("block_k", 256, "shared memory .* exceeds")):
+                                 ("block_k", 64, "128 or 256"), ("block_k", 256, "one 128-k panel per stage")):
         with pytest.raises(ComposeError, match=needle):
             compose(a8, ComputeConfig(), TuningConfig(**{**a8_tuning.to_dict(), field: value}), SM90)
+    rows = TuningConfig(**{**a8_tuning.to_dict(), "a_load": "cp_async", "block_k": 256})  # (panels: one per stage)
+    with pytest.raises(ComposeError, match="shared memory .* exceeds"):
+        compose(a8, ComputeConfig(), rows, SM90)
     with pytest.raises(ComposeError, match="lacks 'wgmma'"):
         compose(a8, ComputeConfig(), a8_tuning, get_target("sm_89"))
     with pytest.raises(ComposeError, match="an MoE layer needs compute.gemm='indexed'"):  # (MoE: test_moe_*_ws.py)

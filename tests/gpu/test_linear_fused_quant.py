@@ -113,19 +113,17 @@ def test_fused_strided_and_3d_input() -> None:
         assert torch.equal(fused(x), plain(x))
 
 
-def test_fused_bucket_takes_no_activation_scales() -> None:
-    """The fused launch is one kernel: no quantize_activation call (its scales would be an allocation)."""
-    import humming_gen.activation as act
+def test_fused_bucket_takes_no_activation_scales(monkeypatch) -> None:
+    """The fused launch is one kernel: no activation-quantization kernel (its codes and scales would be an
+    allocation), where the unfused bucket launches one (through QuantLinear's bound RowQuantizer)."""
+    from humming_gen.activation.kernel import QuantizeKernel
 
     qw = hg.scheme("w8a8-int8-channel").quantize(torch.randn(1024, 2048, device="cuda") * 0.05)
     fused = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, quantize_in_gemm=True)
     calls = []
-    original = act.quantize_activation
-    act.quantize_activation = lambda *a, **kw: calls.append(1) or original(*a, **kw)
-    try:
-        fused(torch.randn(4, 2048, device="cuda").bfloat16())
-        assert not calls
-        fused(torch.randn(64, 2048, device="cuda").bfloat16())
-        assert calls  # M = 64: the unfused bucket
-    finally:
-        act.quantize_activation = original
+    original = QuantizeKernel.launch
+    monkeypatch.setattr(QuantizeKernel, "launch", lambda self, *a: calls.append(1) or original(self, *a))
+    fused(torch.randn(4, 2048, device="cuda").bfloat16())
+    assert not calls
+    fused(torch.randn(64, 2048, device="cuda").bfloat16())
+    assert calls  # M = 64: the unfused bucket

@@ -258,3 +258,33 @@ def test_group_scales_with_a_partial_last_k_tile(scheme, n: int, k: int) -> None
     assert_pipelines(layer)
     for m in (40, 700):
         _check(layer, qw, None, torch.bfloat16, m, f"{scheme.weight.name} k={k}")
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8",
+                                    "w8a8-mxfp8", "w8a8-fp8-tensor"])
+def test_a8_panels_equal_row_codes(scheme: str) -> None:
+    """Activation codes in the panels layout, a stage's tile by one bulk copy (the default where K % 128 == 0,
+    a_load='tma'), against the same tiles reading rows of codes by cp.async (a_load='cp_async'): the MMAs see the
+    same bytes in the same order, so the outputs are bitwise equal; M values cover split-K buckets, tiles cut by M
+    (rows past M are not copied) and the m_band raster."""
+    from humming_gen.pipelines.base import TuningPlan
+
+    n, k = 1024, 2048
+    torch.manual_seed(3)
+    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.02)
+    if scheme.endswith("tensor"):  # a checkpoint's static scale (the dynamic one: test_w8a8_fp8_per_tensor_scale)
+        qw.input_scale = torch.tensor([0.05], device="cuda")
+    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    assert all(kern.activation_layout == "panels" for _, kern in layer._buckets), layer.tunings
+    rows_plan = TuningPlan(tuple((m_max, attrs.evolve(t, a_load="cp_async")) for m_max, t in layer.tunings.buckets))
+    rows = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, tunings=rows_plan)
+    assert all(kern.activation_layout == "rows" for _, kern in rows._buckets)
+    for m in (1, 5, 16, 100, 300, 1000, 4100):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        outs = []
+        for lay in (layer, rows):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lay(x, out=out)
+            outs.append(out)
+        assert torch.isfinite(outs[0]).all(), (scheme, m)
+        assert torch.equal(outs[0], outs[1]), (scheme, m)

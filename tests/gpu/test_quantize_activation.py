@@ -186,3 +186,38 @@ def test_bad_input_is_refused_before_launch():
         hg.quantize_activation(x[:, :63], SCHEMES["int4-token"])
     with pytest.raises(ValueError, match="static scale needs"):
         hg.quantize_activation(x, scheme, static_scale=torch.ones(1, device="cuda"))
+
+
+PANEL_SCHEMES = ["fp8e4m3-token", "fp8e5m2-token", "int8-token", "fp8e4m3-g128", "fp8e4m3-g32", "fp8e4m3-tensor",
+                 "int8-g64-bf16scale", "mxfp8-rceil"]
+
+
+@pytest.mark.parametrize("k", [128, 2048, 4096, 7168])
+@pytest.mark.parametrize("m", [1, 3, 8, 37, 1000])
+@pytest.mark.parametrize("name", PANEL_SCHEMES)
+def test_panels_layout_matches_reference(name, m, k):
+    """layout='panels' (what the warp-specialized 8-bit GEMMs bulk-copy): every code in its swizzled panel place,
+    bit for bit the reference's (to_reference unswizzles); every byte of the (K / 128, M, 128) tensor written (the
+    allocator poisoned first, so a byte left out shows as 0xAB); per-token rows of both kernel strategies (K = 2048
+    one warp per row, K >= 4096 a CTA per row) and both group strategies."""
+    scheme = SCHEMES[name]
+    x = _random(m, k, torch.bfloat16, seed=m * 13 + k).cuda()
+    _poison_allocator(x.device)
+    got = hg.quantize_activation(x, scheme, layout="panels")
+    torch.cuda.synchronize()
+    assert got.layout == "panels" and got.codes.shape == (k // 128, m, 128) and got.codes.is_contiguous()
+    _check(got, x, scheme)
+    rows = hg.quantize_activation(x, scheme)
+    assert torch.equal(got.to_reference().codes, rows.to_reference().codes)
+
+
+def test_panels_layout_static_scale_and_refusals():
+    scheme = SCHEMES["fp8e4m3-tensor"]
+    x = _random(5, 1024, torch.bfloat16, seed=2).cuda()
+    static = torch.tensor([0.5], device="cuda")
+    _check(hg.quantize_activation(x, scheme, static, layout="panels"), x, scheme, static)
+    for bad, what in ((x[:, :1000], "K a multiple of 128"), (x.reshape(5, 8, 128), "(M, K) activations")):
+        with pytest.raises(ValueError, match=what):
+            hg.quantize_activation(bad, scheme, layout="panels")
+    with pytest.raises(ValueError, match="8-bit codes"):
+        hg.quantize_activation(x, SCHEMES["int4-token"], layout="panels")

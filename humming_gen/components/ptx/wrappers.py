@@ -47,6 +47,17 @@ class CpAsyncWord(Component):
 
 
 @attrs.frozen
+class CpAsyncDrain(Component):
+    """The wait for every cp.async of a thread, alone: for producers whose only cp.asyncs are words (CpAsync without
+    groups holds it beside its copy)."""
+
+    template: ClassVar[str] = "ptx/cp_async_drain.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    provides: ClassVar[frozenset[str]] = frozenset({"cp_async_drain"})
+
+
+@attrs.frozen
 class Ldmatrix(Component):
     template: ClassVar[str] = "ptx/ldmatrix.cuh.j2"
     family: ClassVar[str] = "ptx"
@@ -235,14 +246,14 @@ WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "stmatrix_x1": Stmatrix,
     "stmatrix_x2": Stmatrix, "prmt": Prmt, "and_or": AndOr, "and_xor": AndXor, "fma2": Fma2,
     "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
-    "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
+    "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "cp_async_drain": CpAsyncDrain, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
     "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
     "cluster": Cluster, "epilogue_sync": EpilogueSync,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
-PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "ldmatrix", "stmatrix_x1", "stmatrix_x2",
-             "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
+PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "cp_async_drain", "ldmatrix",
+             "stmatrix_x1", "stmatrix_x2", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
              "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier", "epilogue_sync")
 
 
@@ -264,6 +275,8 @@ def wrappers_for(body: "list[Component]", dtype: str, out_dtype: str, bias: bool
     used = {p for c in body for p in getattr(c, "ptx", ())}
     if "cp_async" in used:
         used.discard("cp_async_copy")  # the full wrapper holds the copy too
+    if "cp_async" in used or "cp_async_copy" in used:
+        used.discard("cp_async_drain")  # (so does the copy wrapper without groups)
     unknown = used - set(PTX_ORDER)
     if unknown:
         raise ValueError(f"components call unknown ptx wrappers {sorted(unknown)}; known: {PTX_ORDER}")

@@ -268,9 +268,10 @@ def quantize_a_components(layer: LayerConfig, target: Target) -> list[Component]
 
 
 def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None, fold: bool = False,
-         quantize_a: bool = False) -> tuple[KernelArg, ...]:
+         quantize_a: bool = False, panels: bool = False) -> tuple[KernelArg, ...]:
     """The Params fields, in struct order (with an MoE `compute`, its routing fields too). `fold`: the kernel reads
-    the folded group scales (exponent deltas, the row factor in out_scale) instead of the fp32 group scales."""
+    the folded group scales (exponent deltas, the row factor in out_scale) instead of the fp32 group scales.
+    `panels`: the codes come in the panels layout (quantize_activation(layout="panels")), lda its panel stride."""
     s, a = layer.scheme, layer.scheme.activation
     gather = compute is not None and compute.gemm == "indexed"
     if s4_native(layer):
@@ -283,6 +284,9 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
                        f"{nibble_order(layer)})")
     if quantize_a:
         a_text = f"16-bit activations x (m, k) {layer.dtype}, row stride lda elements (quantized in the kernel)"
+    if panels:
+        a_text = (f"activation codes {a.dtype.name} in 128-k panels of m rows (quantize_activation(layout="
+                  f"'panels')), panel stride lda bytes")
     out = [KernelArg("a", "const void*", ACTIVATION, a_text), KernelArg("b", "const void*", WEIGHT, b_text, tensor="b")]
     if fold:
         out.append(KernelArg("b_exponent", "const void*", WEIGHT, "exponent deltas of the e4m3 weight operand "
@@ -312,7 +316,8 @@ def args(layer: LayerConfig, split_k: bool, compute: ComputeConfig | None = None
                           tensor="counters")]
     out += routing_args(compute) if compute is not None else []
     out += [KernelArg("m", "int", ROWS, "assignments (rows of c)" if gather else "rows of a and c"),
-            KernelArg("lda", "int", LDA, "row stride of a, elements" if quantize_a else "row stride of a, bytes"),
+            KernelArg("lda", "int", LDA, "row stride of a, elements" if quantize_a else
+                      "panel stride of a, bytes (m * 128)" if panels else "row stride of a, bytes"),
             KernelArg("ldc", "int", LDC, "row stride of c, elements")]
     out += top_k_args(compute) if compute is not None else []
     return tuple(out)

@@ -34,6 +34,24 @@ class ATileSw128CpAsync(Component):
 
 
 @attrs.frozen
+class ATilePanelsBulk(Component):
+    """Activation tile of 8-bit codes in the panels layout (quantize_activation(layout="panels")) by one bulk copy
+    per stage, and its step descriptors: the dense 8-bit kernels' a_load='tma'."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/a_tile_panels_bulk.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma"})
+    ptx: ClassVar[tuple[str, ...]] = ("bulk_copy",)
+    provides: ClassVar[frozenset[str]] = frozenset({"kAPanelBytes", "a_stage_bytes", "load_a_stage",
+                                                   "smem_descriptor", "a_step_descriptor"})
+    needs: ClassVar[frozenset[str]] = frozenset({"bulk_copy"})
+    dtype: str
+
+    def extra_context(self) -> dict:
+        return {"bytes": 1}  # (the descriptors' k32 steps)
+
+
+@attrs.frozen
 class ActivationScalesStage(Component):
     """fp32 activation group scales of a stage's tokens by 4-byte cp.async beside the stage's codes, so that the
     consumers' promotions read shared memory instead of global memory."""
@@ -126,7 +144,8 @@ class RingSkeleton:
         return needs
 
     def ring_context(self, a_type: str, a_origin: str) -> dict:
-        return {"moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+        """(a_bulk, the activation tile by one bulk copy, is False unless the skeleton sets it.)"""
+        return {"a_bulk": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.cluster_m > 1,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
                 "release_stage": ("release_stage(ring, stage)" if self.cluster_m > 1
@@ -213,12 +232,25 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     cluster_m: int = option_field(1)
     # wgmma reads the weights from the stage through descriptors (WgmmaSS8, BLayoutSw128 panels), no fragments
     shared_weights: bool = option_field()
+    # the activation codes come in the panels layout, a stage's tile by one bulk copy (ATilePanelsBulk)
+    a_bulk: bool = option_field()
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        # bulk-copied codes beside cp.async-staged scales: the drain without the 16-byte copy's wrapper
+        return RingSkeleton.ptx.fget(self) + (("cp_async_drain",) if self.a_bulk and self.producer_cp_async else ())
 
     @property
     def staged_activation_scales(self) -> bool:
         """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
         size copies, are read from global memory at each promotion."""
         return self.activation_groups and not self.activation_e8m0
+
+    @property
+    def producer_cp_async(self) -> bool:
+        """The producer threads copy something by cp.async (codes, or staged activation scales), so each arrives on
+        the full barrier; with bulk-copied codes and nothing staged, the first thread's expect_tx alone does."""
+        return not self.a_bulk or self.staged_activation_scales
 
     @property
     def promote_in_loop(self) -> bool:
@@ -234,7 +266,9 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.block_m}k32"}
+        needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
+        needs |= {"a_stage_bytes"} if self.a_bulk else set()
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}
         needs |= ({"kScaleTokensPerThread", "activation_scale_rows", "load_activation_scales_stage"}
@@ -259,4 +293,5 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
-                **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")}
+                **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
+                "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async}

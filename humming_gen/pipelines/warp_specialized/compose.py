@@ -149,16 +149,20 @@ def layout_reasons(layer: LayerConfig) -> list[str]:
     return reasons
 
 
-def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False) -> list[str]:
+def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: bool = False) -> list[str]:
     """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
     cp.asyncs activations and bulk-copies the rest, one CTA per SM, split-K rather than stream-K; no clusters,
     except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
-    b_load='tma_multicast')."""
+    b_load='tma_multicast'). `a_bulk` (the 8-bit skeleton): a_load='tma' too, codes in the panels layout by bulk
+    copy (compose_a8.panels_reasons says where)."""
     t = tuning
     reasons = []
     if t.mma != "wgmma":
         reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
-    if t.a_load != "cp_async":
+    if a_bulk and t.a_load not in ("cp_async", "tma"):
+        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activation codes with 'cp_async', or 'tma' "
+                       f"(one bulk copy of codes in the panels layout)")
+    elif not a_bulk and t.a_load != "cp_async":
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
     b_load = "tma_multicast" if t.cluster_m > 1 else "tma"

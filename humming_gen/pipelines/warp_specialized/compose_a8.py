@@ -52,9 +52,11 @@ from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_G
                                                             expert_prefix_bytes, moe_persistent_schedule,
                                                             moe_tuning_reasons, ring_reasons, staged_store,
                                                             staging_bytes)
-from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATileSw128CpAsync,
-                                                               WarpSpecializedA8Pipeline, WeightStageBulk)
+from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATilePanelsBulk,
+                                                               ATileSw128CpAsync, WarpSpecializedA8Pipeline,
+                                                               WeightStageBulk)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutSw128
+from humming_gen.schemes.quantize import PANEL_K
 from humming_gen.targets import Target
 
 BLOCK_N = SHARED_LAYOUT["block_n"]  # one layout block per tile
@@ -172,7 +174,7 @@ def exact_k(layer: LayerConfig) -> bool:
 
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
     t = tuning
-    reasons = ring_reasons(t, weight_multicast=True)
+    reasons = ring_reasons(t, weight_multicast=True, a_bulk=True)
     if t.cluster_m > 1 and (t.split_k > 1 or t.raster != "n_major"):
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n} with split_k={t.split_k}, raster={t.raster!r}: "
                        f"cluster pairs walk whole tiles n-major (split_k=1, raster='n_major')")
@@ -208,6 +210,21 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
     return reasons
 
 
+def panels_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+    """What a_load='tma' (a stage's activation codes by one bulk copy, from the panels layout of
+    quantize_activation(layout="panels")) needs: a dense GEMM (MoE rows are gathered or windowed), whole 128-k
+    panels (K a multiple of 128) and one panel per stage."""
+    reasons = []
+    if compute.gemm in MOE_GEMMS:
+        reasons.append(f"tuning.a_load='tma' with gemm={compute.gemm!r}: MoE kernels read rows of codes "
+                       f"(a_load='cp_async'); the panels layout serves dense layers")
+    if layer.k % PANEL_K:
+        reasons.append(f"tuning.a_load='tma' with K={layer.k}: the panels layout needs K a multiple of {PANEL_K}")
+    if tuning.block_k != PANEL_K:
+        reasons.append(f"tuning.a_load='tma' with block_k={tuning.block_k}: one {PANEL_K}-k panel per stage")
+    return reasons
+
+
 def a8_moe_tuning_reasons(tuning: TuningConfig, gather: bool) -> list[str]:
     """What an MoE kernel with 8-bit activations needs of the tuning beyond a dense one (`gather`: indexed)."""
     reasons = moe_tuning_reasons(tuning, element_bytes=1) if gather else []
@@ -229,6 +246,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
     shared_weights = t.b_operand == "shared"
     reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
+    a_bulk = t.a_load == "tma"
+    reasons += panels_reasons(layer, compute, t) if a_bulk else []
     if moe and t.cluster_m > 1:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: MoE units of one expert are not paired; "
                        f"clusters serve dense layers")
@@ -249,7 +268,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
+    memory: list[Component] = [ATilePanelsBulk(dtype=a.dtype.name) if a_bulk
+                               else ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
                                                cluster_m=t.cluster_m)]
     if staged_activation_scales(layer):
@@ -278,9 +298,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     per_expert = standard_a8.expert_bytes(layer, n_pad)
     experts = expert_tensors(standard_a8.args(layer, False, fold=fold), per_expert) if moe else ()
     pdl = target.has("pdl")
-    suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + moe_name_suffix(compute) + ("_fold" if fold else "")
-              + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "") + ("_ss" if shared_weights else ""))
-    # _fold: folded group scales; _c2: two-CTA clusters; _ss: weights read from shared memory
+    suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + ("_pa" if a_bulk else "") + moe_name_suffix(compute)
+              + ("_fold" if fold else "") + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "")
+              + ("_ss" if shared_weights else ""))
+    # _pa: activation codes in the panels layout; _fold: folded group scales; _c2: two-CTA clusters; _ss: weights
+    # read from shared memory
     name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
@@ -289,7 +311,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
-                                         cluster_m=t.cluster_m, shared_weights=shared_weights)
+                                         cluster_m=t.cluster_m, shared_weights=shared_weights, a_bulk=a_bulk)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -361,6 +383,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                               moe_gemm=compute.gemm if moe else "", cluster_m=t.cluster_m)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=standard_a8.args(layer, t.split_k > 1, compute, fold=fold),
+                      args=standard_a8.args(layer, t.split_k > 1, compute, fold=fold, panels=a_bulk),
                       layout=standard_a8.weight_layout(layer, layout, n_pad),
                       group=None, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

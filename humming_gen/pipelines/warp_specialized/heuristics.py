@@ -18,6 +18,7 @@ from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.compose import (BLOCK_N, LAYOUT_BLOCK_N, gathered_rows_per_pass,
                                                             shared_memory)
+from humming_gen.schemes.quantize import PANEL_K
 from humming_gen.targets import Target
 
 MAX_STAGES = 8
@@ -129,6 +130,11 @@ A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8
 #   not channel scales (fp8 M = 4096: 812 against 754; int8 728 against 715).
 # - the open-ended bucket takes 192-token tiles where no activation groups are promoted (their scales beside 96
 #   partial sums and 96 accumulators spill): a 128 x 192 tile reads 20 % fewer bytes per multiply-add from L2.
+# - activation codes in the panels layout, a stage's tile by one bulk copy (a_load='tma', where K % 128 == 0), beat
+#   cp.async of 16-byte chunks by the producer's 128 threads (fp8 channel M = 4096: 656.5 -> 515.9; int8 580.3 ->
+#   439.7; M = 8192 1355.8 -> 1097.4, 1124.0 -> 919.1: session 11's probe, one process), and with them the m_band
+#   raster helps channel scales too (fp8 M = 4096 515.9 -> 506.1, M = 8192 1097.4 -> 1041.5; int8 439.7 -> 432.9,
+#   919.1 -> 875.9).
 # Small buckets take a token tile of their M and split-K up to one wave of units, as the 16-bit buckets do (the
 # standard pipeline's fp8 mma.sync runs as F2FP + HMMA on sm_90a: W8A8 fp8 8192 x 8192 at M = 64 took 49 us).
 A8_LARGE_BLOCK_M = 192
@@ -147,12 +153,24 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     if compose_a8.promote_k(layer, A8_BLOCK_K) < A8_BLOCK_K and activation_group_k(layer) is not None:
         block_m = min(block_m, 64)  # activation scales promoted several times a stage: 128 tokens' worth spill
     split = 1 if m_max is None else _split(n_tiles * math.ceil(m_max / block_m), k_tiles, target.sm_count)
+    # activation codes in the panels layout, a stage's tile by one bulk copy, where K is whole panels (dense layers:
+    # MoE GEMMs gather rows)
+    a_load = "tma" if layer.k % PANEL_K == 0 and layer.num_experts == 1 else "cp_async"
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=compose_a8.BLOCK_N,
-                  block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load="cp_async",
+                  block_k=A8_BLOCK_K, warps_m=1, warps_n=4 * compose_a8.WARPGROUPS, warps_k=1, a_load=a_load,
                   b_load="tma", scale_load="tma", split_k=split,
-                  raster="m_band" if compose_a8.promoted_weight_group_k(layer) is not None and split == 1
-                  else "n_major")
+                  raster="m_band" if split == 1 and _banded(layer, block_m, a_load) else "n_major")
     return deepest(layer, target, fields)
+
+
+def _banded(layer: LayerConfig, block_m: int, a_load: str) -> bool:
+    """The m_band raster (measured above) for promoted weight groups, and for tiles of panels; except 192-token
+    panels tiles with promoted weight groups (W4A8 int4 g128), whose consumers spill 8 bytes under the band's
+    coordinates (ptxas 13.0; the cp.async version does not)."""
+    groups = compose_a8.promoted_weight_group_k(layer) is not None
+    if a_load == "tma":
+        return not (groups and block_m > 128)
+    return groups
 
 
 def weight_multicast(tuning: TuningConfig) -> TuningConfig:
