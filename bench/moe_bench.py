@@ -25,6 +25,11 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
                                                      # warp-specialized ones from 17 rows per expert on)
     python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
+    python bench/moe_bench.py --split-k 1            # no split-K MoE bucket (default: the heuristic's, below one
+                                                     # row per expert; e.g. DeepSeek gate-up at M <= 2)
+    # split-K before / after, DeepSeek per GEMM at M = 1 and 16 (the gate-up GEMM alone needs an unfused layer):
+    python bench/moe_bench.py --models deepseek --m 1,16 --formats w4a16-int4-g128 --unfused-activation --split-k 1
+    python bench/moe_bench.py --models deepseek --m 1,16 --formats w4a16-int4-g128 --unfused-activation
     python bench/moe_bench.py --unfused-activation   # torch's gated activation between the GEMMs (default: the
                                                      # layer fuses it into GEMM1 where it can, and then has no
                                                      # gate-up GEMM alone to time: those cells are skipped)
@@ -153,6 +158,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topk-reduce", default="deterministic", choices=("deterministic", "atomic"),
                    help="QuantMoE(topk_reduce=...): 'atomic' adds GEMM2's rows into fp32 token rows in its epilogue "
                         "(then the layer has no down GEMM alone: its per-GEMM cells are skipped)")
+    p.add_argument("--split-k", default=None, type=int,
+                   help="QuantMoE(split_k=...): 1 never splits K (before issue 11's split-K bucket), n > 1 splits "
+                        "every standard-pipeline bucket n ways (default: the heuristic's split bucket)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     args = p.parse_args(argv)
@@ -176,6 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         {f.strip() for f in args.humming_formats.split(",") if f.strip()}
     if not args.humming <= {"grouped", "indexed"}:
         p.error(f"--humming: {sorted(args.humming)}; allowed: grouped, indexed, none")
+    if args.split_k is not None and args.split_k < 1:
+        p.error(f"--split-k {args.split_k}: 1 (no split-K) or more")
     if args.layers < 1 or args.replays < 1:
         p.error("--layers and --replays must be positive")
     return args
@@ -243,9 +253,8 @@ def tiles(model: Model, fmt: str, ms: tuple[int, ...] = ALL_MS, target: str = "s
     except Exception as e:  # a format the MoE layer configs refuse for this shape
         return short(e)
     out = {}
-    for m in ms:
-        rows = -(-m * model.top_k // model.experts)
-        out[m] = next(t.block_m for m_max, t in buckets if m_max is None or rows <= m_max)
+    for m in ms:  # rows per expert M * top_k / E against the bounds (a fraction for the split-K bucket)
+        out[m] = next(t.block_m for m_max, t in buckets if m_max is None or m * model.top_k <= m_max * model.experts)
     return out
 
 
@@ -583,6 +592,7 @@ class Bench:
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
                                                      target=self.target, pipeline=self.args.pipeline,
                                                      fused_activation=fused, topk_reduce=self.args.topk_reduce,
+                                                     split_k=self.args.split_k,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")
@@ -649,6 +659,7 @@ class Bench:
                 sample = min(SAMPLE_ROWS, rows)
                 base = dict(table="gemm", model=name, format=fmt, gemm=gemm, n=n, k=k, m=m, e=spec.experts,
                             top_k=spec.top_k, layers=len(layers), block_m=bm, experts_hit=b.experts_hit,
+                            split_k=layers[0].split_ks[layers[0].bucket_for(m, spec.top_k)][gemm == "w2"],
                             weight_bytes=int(per_expert[gemm] * b.experts_hit),
                             limit_us=per_expert[gemm] * b.experts_hit / (self.results["copy_gbps"] * 1e3))
                 grouped_in = b.a13 if gemm == "w13" else b.a2

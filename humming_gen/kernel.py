@@ -207,7 +207,10 @@ class Launcher:
             t = make(max(spec.numel, 1), dtype=dtype, device=self.device)
             self._scratch[name] = t
             self._values[slot] = t.data_ptr()
-        self._scratch_rows = -(-m // plan.tuning.block_m) * plan.tuning.block_m
+        # the rows these buffers serve: a dense grid's whole last m tile; an MoE grid's worst-case m blocks grow
+        # with every assignment (TiledLaunch.m_blocks), so exactly m
+        moe = getattr(plan.launch, "moe_gemm", "")
+        self._scratch_rows = m if moe else -(-m // plan.tuning.block_m) * plan.tuning.block_m
 
     def __call__(self, a: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None = None) -> None:
         """Launch on (m, k) activations `a` into `out`; `a_scale`: the fp32 scales of quantized activations
@@ -317,6 +320,8 @@ class Launcher:
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
+        if self._scratch_slots and rows > self._scratch_rows:  # split-K: a bigger routing than bound (eager only)
+            self._grow_scratch(rows)
         self._launch(a, out, rows)  # m counts assignment rows
 
     def grouped(self, a: torch.Tensor, out: torch.Tensor, expert_layout: torch.Tensor,

@@ -10,11 +10,15 @@ MoE layers (QuantMoE's indexed GEMMs) bucket by expected rows per expert instead
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.config.tuning import MAX_SPLIT_K
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import STANDARD
+from humming_gen.pipelines.standard.heuristics import moe_split_bucket
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.pipelines.warp_specialized.compose import expert_prefix_bytes
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings, moe_tuning_for
@@ -97,27 +101,32 @@ def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | Non
 # MoE (QuantMoE's indexed GEMMs): buckets of expected rows per expert, R = M * top_k / E. An m block of an expert is
 # a dense GEMM of up to block_m rows, so the warp-specialized pipeline takes the buckets from the one ending at
 # WS_MOE_FROM_ROWS on: the dense threshold of layers wider than SKINNY_N (M >= 17). The skinny layers' earlier start
-# does not carry over: it comes from the standard pipeline's split-K falling short of the SMs, while an MoE GEMM's
-# experts fill them with m blocks (no split-K in either pipeline).
+# does not carry over: it comes from the standard pipeline's split-K falling short of the SMs, while from a row per
+# expert on an MoE GEMM's experts fill them with m blocks. Below that, a bucket of fewer rows per expert (a fraction,
+# A_s / E) splits K in the standard pipeline's indexed GEMMs: pipelines.standard.heuristics.moe_split_bucket.
 WS_MOE_FROM_ROWS = 32
 
 
 def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes: list[ComputeConfig],
-                target: Target | str, *, pipeline: str | None = None) -> list[TuningPlan]:
+                target: Target | str, *, pipeline: str | None = None, split_k: int | None = None) -> list[TuningPlan]:
     """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
-    `standard` (each GEMM's standard-pipeline plan) in the buckets below WS_MOE_FROM_ROWS and the warp-specialized
-    MoE buckets (pipelines.warp_specialized.heuristics.MOE_BUCKETS) from it on, where that pipeline serves every GEMM
-    (sm_90a; 16-bit activations with group sizes that are multiples of 16, or int8 x int8 / fp8 x fp8 8-bit
-    activations); else `standard`. Every GEMM gets the same bucket bounds and token tiles from the same pipeline, so
-    one moe_align routing serves them all.
+    `standard` (each GEMM's standard-pipeline plan, as moe_standard_plans makes it: the split-K bucket first) in the
+    buckets below WS_MOE_FROM_ROWS and the warp-specialized MoE buckets (pipelines.warp_specialized.heuristics.
+    MOE_BUCKETS) from it on, where that pipeline serves every GEMM (sm_90a; 16-bit activations with group sizes that
+    are multiples of 16, or int8 x int8 / fp8 x fp8 8-bit activations); else `standard`. Every GEMM gets the same
+    bucket bounds and token tiles from the same pipeline, so one moe_align routing serves them all.
 
-    pipeline: None (that choice), "standard" (`standard` as given) or "warp_specialized" (every bucket; ValueError
-    naming why where the pipeline cannot serve a GEMM)."""
+    pipeline: None (that choice), "standard" (every bucket from `standard`) or "warp_specialized" (every bucket, none
+    split; ValueError naming why where the pipeline cannot serve a GEMM).
+    split_k: None (the heuristic's split-K bucket), 1 (no split anywhere) or n > 1 (every standard-pipeline bucket
+    splits K n ways, at most a GEMM's k tiles; the warp-specialized MoE kernels never split): moe_standard_plans."""
     if pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
+    target = get_target(target)
+    if pipeline != "warp_specialized":
+        standard = moe_standard_plans(standard, layers, target, split_k)
     if pipeline == "standard":
         return list(standard)
-    target = get_target(target)
     reasons = [f"GEMM n={layer.n} k={layer.k}: {r}" for layer, compute in zip(layers, computes)
                for r in WARP_SPECIALIZED.supports(layer, compute, target)]
     if reasons:
@@ -131,6 +140,27 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < WS_MOE_FROM_ROWS]
                              + [(m, t) for m, t in plan.buckets if m is None or m >= WS_MOE_FROM_ROWS]))
             for std, plan in zip(standard, ws)]
+
+
+def moe_standard_plans(standard: list[TuningPlan], layers: list[LayerConfig], target: Target,
+                       split_k: int | None = None) -> list[TuningPlan]:
+    """Each GEMM's standard-pipeline plan (`standard`, the dense heuristics' buckets read as rows per expert) for an
+    MoE layer: no split-K in its buckets (from a row per expert on, the experts' m blocks fill the SMs), and before
+    them the split-K bucket of moe_split_bucket where the layer has one (split_k None). split_k=1: no split bucket;
+    n > 1: every bucket split n ways (at most each GEMM's k tiles; for tests and measurements)."""
+    if split_k is not None and (not isinstance(split_k, int) or isinstance(split_k, bool)
+                                or not 1 <= split_k <= MAX_SPLIT_K):
+        raise ValueError(f"split_k={split_k!r}; allowed: None (the heuristic's split-K bucket), 1 (no split-K) or "
+                         f"an int up to {MAX_SPLIT_K} (every standard-pipeline MoE bucket splits K that many ways)")
+    if split_k is not None and split_k > 1:
+        return [TuningPlan(tuple((m, attrs.evolve(t, split_k=min(split_k, math.ceil(layer.k / t.block_k))))
+                                 for m, t in plan.buckets)) for plan, layer in zip(standard, layers)]
+    plans = [TuningPlan(tuple((m, attrs.evolve(t, split_k=1)) for m, t in plan.buckets)) for plan in standard]
+    bucket = moe_split_bucket(layers, [plan.buckets[0][1] for plan in plans], target) if split_k is None else None
+    if bucket is None:
+        return plans
+    bound, tunings = bucket
+    return [TuningPlan(((bound, t),) + plan.buckets) for plan, t in zip(plans, tunings)]
 
 
 def _shared_token_tiles(plans: list[TuningPlan], layers: list[LayerConfig], target: Target) -> list[TuningPlan]:

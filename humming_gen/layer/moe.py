@@ -13,6 +13,7 @@ again for GEMM2, by GEMM1's epilogue where its kernel can (fused_quantization), 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import attrs
@@ -119,6 +120,11 @@ class QuantMoE(torch.nn.Module):
     buckets from 17 rows per expert on (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
     "standard" or "warp_specialized" puts every bucket, and the grouped GEMMs (grouped_launcher), on one pipeline
     (ValueError where it cannot serve them).
+    split_k: below one row per expert a small batch's few m blocks leave most SMs idle, so a first bucket (bound
+    A_s / E rows per expert, a Fraction) splits K in the standard pipeline's GEMMs (None, the default:
+    pipelines.standard.heuristics.moe_split_bucket; unmeasured on a GPU); 1 never splits; n > 1 splits every
+    standard-pipeline bucket n ways (at most a GEMM's k tiles; for tests and measurements: an open-ended bucket's
+    split-K scratch then grows with the batch, so warm it up at the largest M before a CUDA graph capture).
     fused_activation: GEMM1 applies the gated activation in its epilogue (w13 and `bias13` kept with gate and up
     rows in tile order), which spares the (M * top_k, 2I) buffer and the torch activation kernels (Qwen3-30B-A3B
     W4A16 on the H200, M = 4096: 928 us instead of 1231); such a layer has no gate/up GEMM alone (moe_gemm,
@@ -141,8 +147,8 @@ class QuantMoE(torch.nn.Module):
     per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear).
     Batch invariance (no `batch_invariant` option, unlike QuantLinear): within one bucket (`bucket_for(M, top_k)`,
     the same two kernels) a token's output row is bitwise the same in every batch, whatever the other tokens and
-    wherever the routing places it: the kernels never split K, each assignment row's K sum is ordered by its kernel
-    alone, per-token / per-group / static per-tensor activation quantization reads only the row, and the top-k sum
+    wherever the routing places it: each assignment row's K sum is ordered by its kernel alone (a split-K kernel
+    sums its fixed k slices in slice order), per-token / per-group / static per-tensor activation quantization reads only the row, and the top-k sum
     adds a token's k rows in an order set by top_k alone. Across buckets the kernels differ (token tile, pipeline,
     MMA): no promise; a dynamic per-tensor activation scale (the amax of the batch) makes every row depend on the
     others.
@@ -159,7 +165,8 @@ class QuantMoE(torch.nn.Module):
                  device: "torch.device | str | None" = None, compiler: str | None = None,
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
                  weight_only: bool = False, strict: bool = False, pipeline: str | None = None,
-                 topk_reduce: str = "deterministic", fused_quantization: bool | None = False):
+                 topk_reduce: str = "deterministic", fused_quantization: bool | None = False,
+                 split_k: int | None = None):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.heuristics import choose_tunings, moe_tunings
@@ -248,10 +255,11 @@ class QuantMoE(torch.nn.Module):
         # expert on where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one packed copy)
         self.pipeline = pipeline  # also the grouped GEMMs' (grouped_launcher)
         self._standard_plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
-        plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline)
+        plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline, split_k=split_k)
         layers = [attrs.evolve(layer, fold_scales=layer.fold_scales and fold_serves(layer, plan, self.target))
                   for layer, plan in zip(layers, plans)]
         self.buckets = [m for m, _ in plans[0].buckets]
+        self._most_assignments = self._bucket_assignments()
         # both GEMMs read one routing per batch, padded to one token tile: their buckets must agree
         tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
         if tiles[0] != tiles[1]:
@@ -262,8 +270,8 @@ class QuantMoE(torch.nn.Module):
         quantized = (attrs.evolve(computes[0], epilogue_quantization=self.activation_schemes[1],
                                   epilogue_static_scale=self._static_scales[1] is not None)
                      if any(self.fused_quantization) else None)
-        composed = [[compose(layer, quantized if index == 0 and fuse else compute, attrs.evolve(t, split_k=1),
-                             self.target) for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
+        composed = [[compose(layer, quantized if index == 0 and fuse else compute, t, self.target)
+                     for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
                     for index, (layer, compute, plan) in enumerate(zip(layers, computes, plans))]
         assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
         kernels = build_many(composed[0] + composed[1], compiler=compiler)
@@ -276,8 +284,11 @@ class QuantMoE(torch.nn.Module):
         self._grouped: dict[tuple[str, str, object], object] = {}  # (weight, gemm, tuning) -> bound launcher
         # (weight, gemm, rows per expert, pipeline) -> the same launchers: a call skips the heuristics (~100 us)
         self._grouped_calls: dict[tuple[str, str, int, str | None], object] = {}
-        self._launchers = [(a.bind(self.w13, self.bias13, self.device, None),
-                            b.bind(self.w2, self.bias2, self.device, None)) for a, b in self._kernels]
+        # split-K kernels' scratch bound for their bucket's most assignments (bound x E), so CUDA graphs never see
+        # it move (the heuristic never splits the open-ended bucket; a forced split_k grows its scratch with the batch)
+        self._launchers = [(a.bind(self.w13, self.bias13, self.device, most),
+                            b.bind(self.w2, self.bias2, self.device, most))
+                           for (a, b), most in zip(self._kernels, self._most_assignments)]
         if topk_reduce == "deterministic":
             kernel_for(_DTYPE_NAME[dtype], self.target, compiler)  # the top-k reduction, compiled with the GEMMs
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
@@ -355,12 +366,17 @@ class QuantMoE(torch.nn.Module):
 
     # --- run -------------------------------------------------------------------------------------
     def bucket_for(self, m: int, top_k: int) -> int:
-        """Index of the bucket that serves M tokens of top_k assignments (by rows per expert)."""
-        rows = -(-m * top_k // self.num_experts)
-        for i, m_max in enumerate(self.buckets):
-            if m_max is None or rows <= m_max:
+        """Index of the bucket that serves M tokens of top_k assignments (by rows per expert, M * top_k / E, against
+        bounds that may be fractions: the split-K bucket below one row per expert)."""
+        assignments = m * top_k
+        for i, most in enumerate(self._most_assignments):  # ints: no Fraction arithmetic per call
+            if most is None or assignments <= most:
                 return i
         raise AssertionError("the last bucket is open-ended")
+
+    def _bucket_assignments(self) -> list[int | None]:
+        """The most assignments (M * top_k) each bucket serves; None for the open-ended one."""
+        return [None if m_max is None else math.floor(m_max * self.num_experts) for m_max in self.buckets]
 
     def block_m(self, m: int, top_k: int) -> int:
         """The token tile moe_align must pad each expert's rows to for this batch."""
@@ -575,4 +591,10 @@ class QuantMoE(torch.nn.Module):
                 f"target={self.target.name}, buckets={self.buckets}, fused_activation={self.fused_activation}"
                 + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else "")
                 + (f", fused_quantization={self.fused_quantization}" if any(self.fused_quantization) else "")
-                + (f", topk_reduce={self.topk_reduce}" if self.topk_reduce != "deterministic" else ""))
+                + (f", topk_reduce={self.topk_reduce}" if self.topk_reduce != "deterministic" else "")
+                + (f", split_k={self.split_ks}" if any(k > 1 for pair in self.split_ks for k in pair) else ""))
+
+    @property
+    def split_ks(self) -> list[tuple[int, int]]:
+        """Each bucket's (gate-up, down) k slices (1: unsplit)."""
+        return [(a.kernel.plan.tuning.split_k, b.kernel.plan.tuning.split_k) for a, b in self._launchers]

@@ -8,6 +8,7 @@ satisfies `Pipeline`; `humming_gen.pipelines.registry` maps names (TuningConfig.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -155,10 +156,12 @@ class KernelPlan:
 
 
 def split_k_scratch(launch: "TiledLaunch | PersistentLaunch", m: int) -> dict[str, Scratch]:
-    """The split-K hand-off's buffers at m rows: fp32 partial tiles of every slice, one arrival counter per tile."""
+    """The split-K hand-off's buffers at m rows: fp32 partial tiles of every slice, one arrival counter per tile.
+    An indexed MoE kernel's tiles are those of its grid: every m block of the worst-case routing of m assignments
+    (m_blocks), since which of them the routing fills is known on the device only."""
     if launch.split_k == 1:
         return {}
-    tiles = launch.n_tiles * max(1, math.ceil(m / launch.block_m))
+    tiles = launch.n_tiles * m_blocks(m, launch.block_m, launch.experts, launch.moe_gemm)
     return {"workspace": Scratch(tiles * launch.split_k * launch.block_m * launch.block_n, "float32", False),
             "counters": Scratch(tiles, "int32", True)}
 
@@ -234,9 +237,10 @@ class PersistentLaunch:
 
 @attrs.frozen
 class TuningPlan:
-    """Contiguous M buckets covering 1..inf, one TuningConfig each."""
+    """Contiguous M buckets covering 1..inf, one TuningConfig each. An MoE layer's buckets count rows per expert,
+    whose first bound may be a Fraction (heuristics.choose.moe_standard_plans: the split-K bucket below one row)."""
 
-    buckets: tuple[tuple[int | None, TuningConfig], ...]
+    buckets: tuple[tuple[int | Fraction | None, TuningConfig], ...]
 
     def for_m(self, m: int) -> TuningConfig:
         for m_max, tuning in self.buckets:

@@ -359,11 +359,12 @@ def test_grouped_gemms_compose_on_both_pipelines(gemm: str) -> None:
         compute=ComputeConfig(gemm=gemm, topk_weight=True), tuning=ws)
 
 
-def test_error_indexed_gemm_needs_experts_not_split_k() -> None:
-    """'indexed' (MoE) composes on the standard pipeline (tests/cpu/test_moe_gemm.py); a dense layer's split-K
-    tuning is refused for it, naming split_k."""
+def test_error_grouped_gemm_refuses_split_k() -> None:
+    """'indexed' (MoE) composes on the standard pipeline with or without split-K (tests/cpu/test_moe_gemm.py,
+    test_moe_split_k.py); a split-K tuning is refused for the grouped gemm types, naming split_k."""
     split = TuningConfig(block_m=16, block_n=128, block_k=128, warps_m=1, warps_n=2, warps_k=2, stages=4, split_k=2)
-    assert "MoE kernels take split_k=1" in _compose_error(compute=ComputeConfig(gemm="indexed"), tuning=split)
+    assert "grouped_masked MoE kernels take split_k=1" in _compose_error(compute=ComputeConfig(gemm="grouped_masked"),
+                                                                        tuning=split)
 
 
 def test_error_unsupported_compute_options() -> None:

@@ -69,15 +69,17 @@ def test_compose_refuses_what_moe_kernels_do_not_do() -> None:
     moe_layer = LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128", num_experts=8)
     tuning = choose_tunings(moe_layer, tgt, pipeline="standard").for_m(1)
     assert tuning.split_k > 1
-    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
-        compose(moe_layer, INDEXED, tuning, tgt)
+    compose(moe_layer, INDEXED, tuning, tgt)  # split-K indexed GEMMs: tests/cpu/test_moe_split_k.py
+    for gemm in ("grouped_masked", "grouped_contiguous"):
+        with pytest.raises(ComposeError, match=f"tuning.split_k={tuning.split_k}: {gemm} MoE kernels take split_k=1"):
+            compose(moe_layer, ComputeConfig(gemm=gemm), tuning, tgt)
     with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
         compose(moe_layer, ComputeConfig(), attrs.evolve(tuning, split_k=1), tgt)
     with pytest.raises(ComposeError, match="accumulate"):
         compose(moe_layer, ComputeConfig(gemm="indexed", accumulate="float16"), attrs.evolve(tuning, split_k=1), tgt)
     ws = choose_tunings(LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128"), tgt).for_m(1024)
     assert ws.pipeline == "warp_specialized" and ws.split_k > 1  # (indexed MoE on it: tests/cpu/test_moe_gemm_ws.py)
-    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
+    with pytest.raises(ComposeError, match="the warp_specialized pipeline's MoE kernels take split_k=1"):
         compose(moe_layer, INDEXED, ws, tgt)
 
 

@@ -146,8 +146,9 @@ def test_compose_refuses_what_a8_moe_kernels_do_not_do() -> None:
     layer = LayerConfig(n=1024, k=2048, scheme="w8a8-int8-channel", num_experts=8)
     tuning = choose_tunings(layer, tgt, pipeline="standard").for_m(1)
     assert tuning.split_k > 1
-    with pytest.raises(ComposeError, match="MoE kernels take split_k=1"):
-        compose(layer, GEMMS["indexed"], tuning, tgt)
+    compose(layer, GEMMS["indexed"], tuning, tgt)  # split-K indexed GEMMs: tests/cpu/test_moe_split_k.py
+    with pytest.raises(ComposeError, match="grouped_masked MoE kernels take split_k=1"):
+        compose(layer, ComputeConfig(gemm="grouped_masked"), tuning, tgt)
     tuning = attrs.evolve(tuning, split_k=1)
     with pytest.raises(ComposeError, match="needs compute.gemm='indexed'"):
         compose(layer, ComputeConfig(), tuning, tgt)

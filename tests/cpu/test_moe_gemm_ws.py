@@ -14,6 +14,7 @@ import humming_gen.kernel
 from humming_gen.codegen import ComposeError, compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings, moe_tunings
+from humming_gen.heuristics.choose import moe_standard_plans
 from humming_gen.kernel import build_many
 from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.common import missing_symbols
@@ -137,22 +138,25 @@ def test_moe_tunings_take_warp_specialized_buckets_from_17_rows_per_expert_on_sm
         tiles = [[(m, t.block_m) for m, t in plan.buckets] for plan in plans]
         assert tiles[0] == tiles[1]  # one routing per batch serves both GEMMs
         pipelines = [t.pipeline for _, t in plans[0].buckets]
+        own = moe_standard_plans(standard, layers, get_target(target))  # split_k=1, a first split-K bucket
         if target == "sm_89":
-            assert plans == standard and set(pipelines) == {"standard"}
+            assert plans == own and set(pipelines) == {"standard"}
             continue
-        assert [m for m, _ in plans[0].buckets] == [8, 16, 64, None]
-        assert pipelines == ["standard"] * 2 + ["warp_specialized"] * 2
-        assert [bm for _, bm in tiles[0]] == [8, 16, 64, 128]
+        # first the standard pipeline's split-K bucket below one row per expert (tests/cpu/test_moe_split_k.py)
+        assert plans[0].buckets[0] == own[0].buckets[0] and plans[0].buckets[0][0] <= 1
+        assert [m for m, _ in plans[0].buckets[1:]] == [8, 16, 64, None]
+        assert pipelines == ["standard"] * 3 + ["warp_specialized"] * 2
+        assert [bm for _, bm in tiles[0]] == [8, 8, 16, 64, 128]
         assert all(t.split_k == 1 for plan in plans for _, t in plan.buckets if t.pipeline == "warp_specialized")
         forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
         assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
-        assert moe_tunings(standard, layers, computes, target, pipeline="standard") == standard
+        assert moe_tunings(standard, layers, computes, target, pipeline="standard") == own
     # where the warp-specialized pipeline cannot serve a GEMM, every bucket stays standard (or, forced, it is refused)
     # (8-bit activations: tests/cpu/test_moe_gemm_a8_ws.py)
     for scheme in (hg.QuantScheme("int4", group_size=40),):
         layers = [attrs.evolve(layer, scheme=scheme) for layer in _moe_layers("int4-g128")[0]]
         standard = [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
-        assert moe_tunings(standard, layers, computes, SM90) == standard
+        assert moe_tunings(standard, layers, computes, SM90) == moe_standard_plans(standard, layers, SM90)
         with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
             moe_tunings(standard, layers, computes, SM90, pipeline="warp_specialized")
     with pytest.raises(ValueError, match="pipeline='mma'"):

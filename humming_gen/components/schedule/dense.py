@@ -30,12 +30,15 @@ class DenseSplitKSchedule(Component):
 
 @attrs.frozen
 class MoeIndexedSchedule(Component):
-    """MoE (indexed): one CTA per (n tile, routed m block); the block's expert from moe_align's expert_ids."""
+    """MoE (indexed): one CTA per (n tile, routed m block) and, with split_k > 1, per k slice (gridDim.z), so a
+    small batch's few m blocks still fill the SMs; the block's expert from moe_align's expert_ids. The slices hand
+    off through SplitKReduce, as the dense split-K schedule's do."""
 
     template: ClassVar[str] = "schedule/moe_indexed.cuh.j2"
     family: ClassVar[str] = "schedule"
     provides: ClassVar[frozenset[str]] = frozenset({"TileCoord", "tile_coord"})
     needs: ClassVar[frozenset[str]] = frozenset({"Params"})
+    split_k: int = option_field(1)
 
 
 @attrs.frozen

@@ -168,7 +168,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                      pair_loads=(not slice_scale or s.zero_point is not None) and not odd,
                                      arbitrary_groups=group.arbitrary, odd_group_size=odd)]
     mma: list[Component] = [MmaSyncM16N8K16(dtype=dtype)]
-    schedule: list[Component] = [moe_schedule(compute) if moe else
+    schedule: list[Component] = [moe_schedule(compute, t.split_k) if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:

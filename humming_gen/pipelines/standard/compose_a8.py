@@ -406,7 +406,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                         activation_e8m0=activation_e8m0(layer)))
     mma: list[Component] = [MmaSyncM16N8K64S4() if s4 else
                              MmaSyncM16N8K32(weight=weight_operand(layer), activation=a.dtype.name)]
-    schedule: list[Component] = [moe_schedule(compute) if moe else
+    schedule: list[Component] = [moe_schedule(compute, t.split_k) if moe else
                                  DenseSplitKSchedule(split_k=t.split_k) if t.split_k > 1 else DenseSchedule()]
     epilogue: list[Component] = []
     if t.warps_k > 1:

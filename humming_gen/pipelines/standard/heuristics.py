@@ -8,6 +8,9 @@ split-K. Figures come from the target (SM count, shared memory), not from tests 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+
+import attrs
 
 from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
@@ -91,3 +94,34 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
         fields.update(overrides)
         buckets.append((m_max, TuningConfig(**fields)))
     return TuningPlan(tuple(buckets))
+
+
+# MoE split-K (issue 11). UNMEASURED: the rule below is reasoned, not yet timed on a GPU.
+# A batch of A = M * top_k assignments with A <= E (at most one row per expert on average) has, in the worst-case
+# routing (every assignment its own expert), A m blocks, and an indexed GEMM of n_tiles n tiles launches A * n_tiles
+# CTAs, each streaming its expert's block_n weight rows over all of K. DeepSeek-V3 per rank (TP8) gate-up, N = 512,
+# K = 7168, M = 1: 8 x 4 = 32 CTAs, 32 of the H200's 132 SMs busy. The split bucket holds the batches that leave
+# most SMs idle in one of the GEMMs: A <= A_s = the largest over the GEMMs of floor(MOE_SPLIT_BUSY * SMs / n_tiles),
+# at most E (so rows per expert <= 1; the bucket's bound is A_s / E rows per expert). Each GEMM then splits K so that
+# A_s x n_tiles x split_k fills its CTA slots (SMs x CTAs per SM) about once, by the dense rule (_split_k: none where
+# A_s x n_tiles already fills 3/4 of them, at least 2 k tiles per slice, at most 16 slices); batches below the bound
+# fill less. DeepSeek-V3 TP8 W4A16 on sm_90a: A_s = 16 (M <= 2 at top-8), gate-up split 4 (M = 1: 128 CTAs, M = 2:
+# 256 of 264 slots), down (N = 7168: 56 n tiles, K = 256: one k tile) unsplit.
+MOE_SPLIT_BUSY = 0.5
+
+
+def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],
+                     target: Target) -> tuple[Fraction, list[TuningConfig]] | None:
+    """The split-K bucket of an MoE layer's indexed GEMMs (`layers`, each with `tunings`, its smallest-M standard
+    tuning): (its bound in rows per expert, each GEMM's tuning with its split_k), or None where no GEMM would split
+    (rule above)."""
+    experts = layers[0].num_experts
+    n_tiles = [math.ceil(layer.n / t.block_n) for layer, t in zip(layers, tunings)]
+    bound = min(experts, max(int(MOE_SPLIT_BUSY * target.sm_count) // n for n in n_tiles))
+    if bound < 1:
+        return None
+    split = [attrs.evolve(t, split_k=_split_k(layer, target, bound * n, t.block_k, t.ctas_per_sm))
+             for layer, t, n in zip(layers, tunings, n_tiles)]
+    if all(t.split_k == 1 for t in split):
+        return None
+    return Fraction(bound, experts), split

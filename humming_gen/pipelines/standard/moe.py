@@ -28,16 +28,25 @@ def moe_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig
         reasons.append(f"compute.topk_weight with gemm={compute.gemm!r}: the router weights are applied by the "
                        f"caller's combine step for grouped layouts (only 'indexed' multiplies them)")
     if compute.gemm in MOE_GEMMS and tuning.split_k > 1:
-        reasons.append(f"tuning.split_k={tuning.split_k}: MoE kernels take split_k=1 (their m blocks fill the GPU)")
+        # split-K for the few m blocks of a small batch: the standard pipeline's indexed schedule (slices summed by
+        # the last one to arrive, before the epilogue: gated activation, router weight and output quantization apply
+        # to the whole sum)
+        if tuning.pipeline != "standard":
+            reasons.append(f"tuning.split_k={tuning.split_k}: the {tuning.pipeline} pipeline's MoE kernels take "
+                           f"split_k=1 (split-K MoE GEMMs are the standard pipeline's, gemm='indexed')")
+        elif compute.gemm != "indexed":
+            reasons.append(f"tuning.split_k={tuning.split_k}: {compute.gemm} MoE kernels take split_k=1 (split-K "
+                           f"MoE GEMMs are gemm='indexed')")
     if compute.gemm not in MOE_GEMMS and layer.num_experts > 1:
         reasons.append(f"layer.num_experts={layer.num_experts}: an MoE layer needs compute.gemm='indexed'")
     return reasons
 
 
-def moe_schedule(compute: ComputeConfig) -> Component:
-    """The tile schedule of an MoE gemm type: the routing's m blocks (indexed) or the experts' row windows."""
+def moe_schedule(compute: ComputeConfig, split_k: int = 1) -> Component:
+    """The tile schedule of an MoE gemm type: the routing's m blocks (indexed, in split_k slices of K) or the
+    experts' row windows."""
     if compute.gemm == "indexed":
-        return MoeIndexedSchedule()
+        return MoeIndexedSchedule(split_k=split_k)
     return MoeGroupedSchedule(masked=compute.gemm == "grouped_masked")
 
 
