@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_gen.activation.kernel import PARTIALS, ROW_WARPS_MAX_VECTORS, QuantizeConfig, build
+from humming_gen.activation.kernel import PARTIALS, ROW_WARPS_MAX_VECTORS, THREADS, QuantizeConfig, build
 from humming_gen.schemes.quantize import MAX_PANEL_ROWS, PANEL_K, QuantizedActivation
 from humming_gen.schemes.scheme import ActivationScheme
 from humming_gen.targets import Target
@@ -227,21 +227,33 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
 class RowQuantizer:
     """quantize_activation's launch bound to one layer's rows (scheme, input dtype, K, static scale fixed), for the
     eager hot path of QuantLinear: no argument checks (the layer checked x), no result objects, and codes and scales
-    in one allocation (codes: m rows of `ldq` bytes, then the m fp32 scales). The same kernel and Params as
-    quantize_activation, so the same bits. Serves what one kernel launch quantizes: per-token scales, or a static
-    per-tensor scale, on rows of 16-byte aligned loads; `create` returns None for anything else (the caller keeps
-    quantize_activation). `panels`: codes in the panels layout (quantize_activation(layout="panels")), whose
-    panel stride `lda(m)` gives."""
+    in one allocation (codes: m rows of `ldq` bytes, then the m x groups scales). The same kernel and Params as
+    quantize_activation, so the same bits. Serves what one kernel launch quantizes: per-token or per-group scales
+    (fp32, 16-bit or e8m0; no global scale), or a static per-tensor scale, on rows of 16-byte aligned loads; `create`
+    returns None for anything else (the caller keeps quantize_activation). `panels`: codes in the panels layout
+    (quantize_activation(layout="panels")), whose panel stride `lda(m)` gives."""
 
-    __slots__ = ("ldq", "kernel", "rows_per_cta", "values", "index", "scale_bytes", "keep", "panels")
+    __slots__ = ("ldq", "kernel", "threads_per_row", "rows_per_cta", "values", "index", "scale_bytes", "keep",
+                 "panels")
 
     def __init__(self, plan: _Plan, k: int, index: int, static_scale: torch.Tensor | None):
         self.ldq = plan.ldq(k)
         self.panels = plan.config.panels
-        self.kernel, self.rows_per_cta = plan.rows_kernel(k)
         self.index = index
-        self.scale_bytes = 0 if static_scale is not None else torch.empty((), dtype=plan.scale_torch).element_size()
-        self.values = {"ldq": self.ldq, "k": k, "groups": 1}
+        groups = -(-k // plan.scheme.group_size) if plan.group else 1
+        self.values = {"ldq": self.ldq, "k": k, "groups": groups}
+        if plan.group:  # a thread per vector (lanes share a group) or per group, over m rows: a grid of THREADS
+            self.kernel, self.rows_per_cta = plan.kernel, 0
+            self.threads_per_row = groups
+            if plan.group_lanes:
+                vectors = -(-k // plan.vector)
+                row_vectors = -(-vectors // plan.group_lanes) * plan.group_lanes  # (as quantize_activation)
+                self.values["row_vectors"] = self.threads_per_row = row_vectors
+        else:  # a CTA (or warp) per row
+            self.kernel, self.rows_per_cta = plan.rows_kernel(k)
+            self.threads_per_row = 0
+        scale_size = torch.empty((), dtype=plan.scale_torch).element_size()
+        self.scale_bytes = 0 if static_scale is not None else groups * scale_size
         self.keep = None
         if static_scale is not None:
             self.keep = static_scale.reshape(1).to(torch.float32).contiguous()  # alive as long as the values point at it
@@ -251,12 +263,12 @@ class RowQuantizer:
     def create(scheme: ActivationScheme, dtype: torch.dtype, k: int, device: torch.device,
                static_scale: torch.Tensor | None, panels: bool = False) -> "RowQuantizer | None":
         static = static_scale is not None
-        if (scheme.granularity not in ("token", "tensor") or (scheme.granularity == "tensor") != static
+        if (scheme.granularity not in ("token", "tensor", "group") or (scheme.granularity == "tensor") != static
                 or scheme.global_scale or scheme.dtype.bits != 8 or dtype not in _INPUT_DTYPES
                 or k * dtype.itemsize % 16 or device.type not in _DEVICE_TYPES or (panels and k % PANEL_K)):
             return None
         plan = _plan(scheme, dtype, _target(device), static, True, True, panels)
-        if plan.amax is not None or plan.group or plan.group_lanes:
+        if plan.amax is not None:
             return None
         return RowQuantizer(plan, k, device.index or 0, static_scale)
 
@@ -277,5 +289,6 @@ class RowQuantizer:
             values["ldq"] = m * PANEL_K
         scales = values["tensor_scale"] if self.scale_bytes == 0 else codes + m * self.ldq
         values["scales"] = scales
-        self.kernel.launch(-(-m // self.rows_per_cta), values, self.index)
+        grid = -(-m * self.threads_per_row // THREADS) if self.threads_per_row else -(-m // self.rows_per_cta)
+        self.kernel.launch(grid, values, self.index)
         return buf, codes, scales

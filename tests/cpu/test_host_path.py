@@ -285,13 +285,19 @@ def test_topk_reduce_copies_misaligned_rows(launches):
 
 
 @pytest.mark.parametrize("m", [1, 5, 37])
-@pytest.mark.parametrize("static", [False, True], ids=["token", "static-tensor"])
-def test_bound_quantizer_launches_what_quantize_activation_launches(launches, monkeypatch, m, static):
+@pytest.mark.parametrize("kind", ["token", "static-tensor", "block128", "mxfp8", "int8-g64"])
+def test_bound_quantizer_launches_what_quantize_activation_launches(launches, monkeypatch, m, kind):
     """QuantLinear's eager path quantizes through a RowQuantizer bound to the layer (one allocation for codes and
     scales, no checks): the same kernels with the same Params as quantize_activation's path, but for the per-call
-    pointers, and the GEMM reads the codes and scales the quantize kernel writes."""
-    scheme = "w8a8-fp8-tensor" if static else "w8a8-fp8-channel"
-    qw = hg.scheme(scheme).quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * 0.05)
+    pointers, and the GEMM reads the codes and scales the quantize kernel writes. Per-token, static per-tensor and
+    group scales (fp32 groups of 128 and of 64 of int8 codes, e8m0 groups of 32)."""
+    static = kind == "static-tensor"
+    scheme = {"token": "w8a8-fp8-channel", "static-tensor": "w8a8-fp8-tensor", "block128": "w8a8-fp8-block128",
+              "mxfp8": "w8a8-mxfp8",
+              "int8-g64": hg.QuantScheme("int8", activation=hg.ActivationScheme("int8", granularity="group",
+                                                                                  group_size=64))}[kind]
+    scheme = hg.scheme(scheme) if isinstance(scheme, str) else scheme
+    qw = scheme.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * 0.05)
     if static:
         qw = qw.with_input_scale(torch.tensor(0.02)) if hasattr(qw, "with_input_scale") else \
             __import__("attrs").evolve(qw, input_scale=torch.tensor(0.02))
@@ -305,6 +311,11 @@ def test_bound_quantizer_launches_what_quantize_activation_launches(launches, mo
         launches.clear()
         y = layer(x)
         assert (layer._row_quantizers[layout] is not None) == (path == "bound")
+        if path == "bound" and not static:  # the scales after the codes: all m x groups of them in the buffer
+            a = layer.activation_scheme
+            groups = -(-K // a.group_size) if a.granularity == "group" else 1
+            size = 1 if a.scale_dtype.name == "float8e8m0" else 4
+            assert layer._row_quantizers[layout].scale_bytes == groups * size, kind
         (q_name, _, q_params), (g_name, _, g_params) = launches
         paths[path] = _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"})
         q_words = set(struct.unpack(f"<{len(q_params) // 8}Q", q_params))
