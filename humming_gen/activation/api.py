@@ -234,7 +234,7 @@ class RowQuantizer:
     (quantize_activation(layout="panels")), whose panel stride `lda(m)` gives."""
 
     __slots__ = ("ldq", "kernel", "threads_per_row", "rows_per_cta", "values", "index", "scale_bytes", "keep",
-                 "panels")
+                 "panels", "scale_dtype")
 
     def __init__(self, plan: _Plan, k: int, index: int, static_scale: torch.Tensor | None):
         self.ldq = plan.ldq(k)
@@ -252,6 +252,7 @@ class RowQuantizer:
         else:  # a CTA (or warp) per row
             self.kernel, self.rows_per_cta = plan.rows_kernel(k)
             self.threads_per_row = 0
+        self.scale_dtype = plan.scale_torch  # the scales' raw bits as quantize_activation returns them
         scale_size = torch.empty((), dtype=plan.scale_torch).element_size()
         self.scale_bytes = 0 if static_scale is not None else groups * scale_size
         self.keep = None
@@ -283,12 +284,25 @@ class RowQuantizer:
         m = x.shape[0]
         buf = torch.empty(m * (self.ldq + self.scale_bytes), dtype=torch.uint8, device=x.device)
         codes = buf.data_ptr()
+        scales = self.values["tensor_scale"] if self.scale_bytes == 0 else codes + m * self.ldq
+        self._launch(x, m, codes, scales)
+        return buf, codes, scales
+
+    def tensors(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """__call__ for callers that pass tensors on (QuantMoE's launchers): (codes (m, ldq) uint8, scales (m,
+        groups) in the scale dtype's raw bits, or the static per-tensor scale), as quantize_activation's rows."""
+        m = x.shape[0]
+        codes = torch.empty((m, self.ldq), dtype=torch.uint8, device=x.device)
+        scales = self.keep if self.scale_bytes == 0 else torch.empty(
+            (m, self.values["groups"]), dtype=self.scale_dtype, device=x.device)
+        self._launch(x, m, codes.data_ptr(), scales.data_ptr())
+        return codes, scales
+
+    def _launch(self, x: torch.Tensor, m: int, codes: int, scales: int) -> None:
         values = self.values
         values["x"], values["ldx"], values["codes"], values["m"] = x.data_ptr(), x.stride(0), codes, m
         if self.panels:
             values["ldq"] = m * PANEL_K
-        scales = values["tensor_scale"] if self.scale_bytes == 0 else codes + m * self.ldq
         values["scales"] = scales
         grid = -(-m * self.threads_per_row // THREADS) if self.threads_per_row else -(-m // self.rows_per_cta)
         self.kernel.launch(grid, values, self.index)
-        return buf, codes, scales

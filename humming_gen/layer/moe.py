@@ -249,6 +249,9 @@ class QuantMoE(torch.nn.Module):
                                   topk_reduce="atomic" if topk_reduce == "atomic" else None)]
         # each GEMM's input quantization (None: 16-bit activations) and static per-tensor scale
         self.activation_schemes = tuple(q.scheme.activation for q in (q13, q2))
+        # the eager quantize launches of GEMM1's and GEMM2's inputs (humming_gen.activation.api.RowQuantizer), bound
+        # on the first quantized call (None: the scheme needs quantize_activation's general path)
+        self._row_quantizers: list = [False, False]
         self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
                                     for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
         # buckets of expected rows per expert: the standard pipeline's, the warp-specialized one's from 17 rows per
@@ -483,6 +486,15 @@ class QuantMoE(torch.nn.Module):
         scheme = self.activation_schemes[index]
         if scheme is None:
             return a, None
+        quantizer = self._row_quantizers[index]
+        if quantizer is False:  # first quantized call: bind the launch where one kernel serves the scheme
+            from humming_gen.activation.api import RowQuantizer
+
+            quantizer = self._row_quantizers[index] = RowQuantizer.create(
+                scheme, a.dtype, a.shape[1], a.device, self._static_scales[index])
+        if quantizer is not None and a.stride(1) == 1 and a.stride(0) * a.element_size() % 16 == 0 \
+                and a.data_ptr() % 16 == 0:
+            return quantizer.tensors(a)
         from humming_gen.activation import quantize_activation
 
         qa = quantize_activation(a, scheme, static_scale=self._static_scales[index])

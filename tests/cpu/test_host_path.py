@@ -328,3 +328,28 @@ def test_bound_quantizer_launches_what_quantize_activation_launches(launches, mo
             lo, hi = sorted(written)
             assert hi - lo >= m * K, (path, hi - lo)
     assert paths["bound"] == paths["general"]
+
+
+@pytest.mark.parametrize("m", [1, 5, 37])
+def test_moe_bound_quantizers_launch_what_quantize_activation_launches(layers, launches, monkeypatch, m):
+    """QuantMoE quantizes both GEMM inputs through RowQuantizers bound on the first call: the same launches (kernels,
+    grids, Params but the per-call pointers) as quantize_activation's path, and each GEMM reads the codes and
+    scales its quantize kernel wrote."""
+    moe = layers["moe", "w8a8-fp8-channel"]
+    x, w, ids = _inputs("moe", m)
+    paths = {}
+    for path in ("bound", "general"):
+        if path == "general":
+            monkeypatch.setattr(moe, "_row_quantizers", [None, None])
+        launches.clear()
+        y = moe(x, w, ids)
+        assert all((q is not None) == (path == "bound") for q in moe._row_quantizers), path
+        paths[path] = _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"})
+        names = [name for name, _, _ in launches]
+        quantize = [i for i, name in enumerate(names) if name.startswith("act_quantize")]
+        assert len(quantize) == 2, names
+        for q in quantize:  # the GEMM after each quantize kernel reads what it wrote (codes, scales)
+            q_words = set(struct.unpack(f"<{len(launches[q][2]) // 8}Q", launches[q][2]))
+            g_words = set(struct.unpack(f"<{len(launches[q + 1][2]) // 8}Q", launches[q + 1][2]))
+            assert len({w for w in q_words & g_words if w >= 1 << 40}) >= 2, (path, names[q + 1])
+    assert paths["bound"] == paths["general"]
