@@ -1,7 +1,7 @@
 """Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
 those tiles with and without two-CTA clusters sharing weight stages.
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster]"""
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster]"""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized.heuristics import deepest, weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, deepest, weight_multicast
 from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
@@ -25,7 +25,10 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
                       dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
                       dict(block_m=160, raster="n_major")],  # {}: the heuristics' own
             "cluster": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, cluster=True),
-                        dict(block_m=192, raster="n_major"), dict(block_m=192, cluster=True)]}[
+                        dict(block_m=192, raster="n_major"), dict(block_m=192, cluster=True)],
+            # two-CTA clusters along N sharing activation stages (panels), banded and plain
+            "acluster": [dict(), dict(block_m=192, acluster=True), dict(block_m=192, raster="n_major", acluster=True),
+                         dict(block_m=128, acluster=True)]}[
     sys.argv[3] if len(sys.argv) > 3 else "tiles"]
 torch.manual_seed(0)
 n = k = 8192
@@ -39,9 +42,10 @@ for name in presets:
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
-            fields = {f: val for f, val in v.items() if f != "cluster"}
+            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster")}
             t = attrs.evolve(base, **fields)
             t = weight_multicast(t) if v.get("cluster") else t
+            t = activation_multicast(t) if v.get("acluster") else t
             if v:  # as many stages as shared memory holds
                 fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
                 t = deepest(layer, target, fields)

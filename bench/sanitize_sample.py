@@ -13,7 +13,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, weight_multicast
 from humming_gen.reference import reference_gemm
 
 CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200)),
@@ -54,6 +54,18 @@ if "--clusters-only" not in sys.argv:
     x = torch.randn(600, 4096, device="cuda").bfloat16()
     ref = reference_gemm(x.double(), qw)
     worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+# two-CTA clusters sharing activation stages (cluster_n=2): each CTA multicasts half the tile's rows (none for the
+# second at M = 5), pairs of n tiles, banded, staged block scales beside
+for name, n, k in (("w8a8-fp8-channel", 2048, 1024), ("w8a8-fp8-block128", 2048, 1024)):
+    qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    base = hg.QuantLinear.from_quantized(qw)
+    tuning = activation_multicast(attrs.evolve(base.tunings.for_m(4096), block_m=128))
+    layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
+    for m in (5, 300):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = reference_gemm(x.double(), qw)
+        worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+    pipelines.add(f"{layer.kernel_for(300).plan.pipeline} cluster n {layer.kernel_for(300).plan.launch.cluster}")
 # two-CTA clusters sharing weight stages (cluster_m=2): an odd count of m tiles (the last pair's second idle), rings
 # refilled across units, folded e8m0 scales and block scales multicast with the weights
 for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 1024), ("w8a8-fp8-block128", 2048, 1024)):

@@ -61,9 +61,9 @@ class Kernel:
 
     @property
     def activation_layout(self) -> str:
-        """How the kernel reads its activation codes: "panels" (TuningConfig.a_load='tma': quantize with
+        """How the kernel reads its activation codes: "panels" (TuningConfig.a_load='tma' or 'tma_multicast': quantize with
         quantize_activation(x, scheme, layout="panels")), else "rows"."""
-        return "panels" if self.plan.tuning.a_load == "tma" else "rows"
+        return "panels" if self.plan.tuning.a_load in ("tma", "tma_multicast") else "rows"
 
     @property
     def resources(self) -> dict:

@@ -218,10 +218,12 @@ class PersistentLaunch:
     experts: int = 1
     moe_gemm: str = ""  # "indexed": m counts assignments, the units cover the worst-case routing (TiledLaunch)
     cluster_m: int = 1  # 2: CTA pairs (clusters) take unit pairs, one n tile of two m tiles (an odd last one idle)
+    cluster_n: int = 1  # 2: CTA pairs take unit pairs, one m tile of two n tiles (n_tiles even)
 
     @property
     def cluster(self) -> tuple[int, int, int] | None:
-        return (self.cluster_m, 1, 1) if self.cluster_m > 1 else None
+        size = self.cluster_m * self.cluster_n  # (consecutive CTAs of the 1-D persistent grid)
+        return (size, 1, 1) if size > 1 else None
 
     def units(self, m: int) -> int:
         blocks = m_blocks(m, self.block_m, self.experts, self.moe_gemm)
@@ -229,7 +231,8 @@ class PersistentLaunch:
         return self.n_tiles * blocks * self.split_k
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        return (min(self.units(m), self.slots - self.slots % self.cluster_m), 1, 1)
+        size = self.cluster_m * self.cluster_n
+        return (min(self.units(m), self.slots - self.slots % size), 1, 1)
 
     def scratch(self, m: int) -> dict[str, Scratch]:
         return split_k_scratch(self, m)

@@ -135,3 +135,59 @@ def test_panels_refused_for_moe_and_256k_stages() -> None:
     dense, plan = _plan("w8a8-fp8-channel", n=1024, k=2048)
     with pytest.raises(ComposeError, match="one 128-k panel per stage"):
         compose(dense, ComputeConfig(), attrs.evolve(plan.for_m(10 ** 6), block_k=256, stages=2), SM90)
+
+
+CXX = __import__("shutil").which("g++")
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("block_m", [16, 128, 192])
+def test_multicast_halves_cover_the_tile_rows_once(block_m: int, tmp_path) -> None:
+    """cluster_n=2: the two CTAs' halves of a stage (ATilePanelsBulk(multicast=True), compiled for the host with
+    the copy and the CTA rank stubbed) are disjoint, cover the tile's rows below m exactly, read the rows they
+    write, and sum to a_stage_bytes, the bytes each CTA's full barrier expects."""
+    import subprocess
+
+    from humming_gen.codegen.render import environment
+    from humming_gen.pipelines.warp_specialized.components import ATilePanelsBulk
+
+    comp = ATilePanelsBulk(dtype="float8e4m3", multicast=True)
+    body = environment().get_template(comp.template).render(**comp.context())
+    prelude = ("#include <cstdio>\n#include <algorithm>\nusing std::min; using std::max;\ntypedef unsigned u32;\n"
+               "#define __device__\n#define __forceinline__ inline\n"
+               f"namespace cfg {{ constexpr int kBlockM = {block_m}; constexpr int kBlockK = 128; }}\n"
+               "static int g_rank = 0;\ninline int cluster_cta_rank() { return g_rank; }\n"
+               "inline void bulk_copy_multicast(u32 dst, const void* src, int bytes, u32, unsigned short mask) {\n"
+               "  printf(\"%d %u %ld %d %d\\n\", g_rank, dst, (long)src, bytes, (int)mask);\n}\n")
+    main = ("int main() {\n  const int ms[] = {1, 7, 8, 9, 100, 191, 192, 193, 700};\n"
+            "  for (int m : ms) for (int m0 = 0; m0 < m; m0 += cfg::kBlockM) {\n"
+            "    printf(\"tile %d %d %d\\n\", m, m0, a_stage_bytes(m, m0));\n"
+            "    for (g_rank = 0; g_rank < 2; ++g_rank) load_a_stage(0, nullptr, 1 << 20, m, m0, 0, 0);\n"
+            "  }\n  return 0;\n}\n")
+    src = tmp_path / "a.cpp"
+    src.write_text(prelude + body.replace("__device__ __forceinline__", "inline") + main)
+    exe = tmp_path / "a"
+    subprocess.run([CXX, "-std=c++17", "-o", str(exe), str(src)], check=True, capture_output=True, text=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    tiles = 0
+    for i, line in enumerate(out):
+        if not line.startswith("tile"):
+            continue
+        tiles += 1
+        _, m, m0, expected = line.split()
+        m, m0, expected = int(m), int(m0), int(expected)
+        copies = []
+        for nxt in out[i + 1:]:
+            if not nxt or nxt.startswith("tile"):
+                break
+            rank, dst, src_addr, nbytes, mask = (int(v) for v in nxt.split())
+            assert mask == 3 and nbytes > 0 and dst % 1024 == 0  # both CTAs, whole 8-row swizzle atoms
+            assert src_addr == m0 * 128 + dst  # the rows it writes are the rows it reads
+            copies.append((dst, dst + nbytes))
+        rows = min(block_m, m - m0)
+        assert expected == rows * 128
+        covered = sorted(copies)
+        assert sum(b - a for a, b in covered) == expected and covered[0][0] == 0 if covered else expected == 0
+        assert all(a[1] <= b[0] for a, b in zip(covered, covered[1:]))  # disjoint
+        assert not covered or covered[-1][1] == expected  # contiguous from 0: the rows below m
+    assert tiles > 0

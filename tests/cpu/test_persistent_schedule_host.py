@@ -14,7 +14,7 @@ from humming_gen.codegen.compose import compose
 from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
-from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, weight_multicast
 from humming_gen.targets import get_target
 
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -120,3 +120,60 @@ def test_cluster_pairs_share_an_n_tile_and_cover_every_tile_once(plan, tmp_path)
         assert all(n0 % block_n == 0 and n0 < c["kNPad"] for n0, _ in inside)
         for b in range(0, grid, 2):  # the two CTAs of a cluster walk as many units, pair by pair
             assert [units[u][0] for u in range(b, count, grid)] == [units[u][0] for u in range(b + 1, count, grid)]
+
+
+def _activation_cluster_plans():
+    plans = []
+    for n, k, scheme in ((8192, 8192, "w8a8-fp8-channel"), (4096, 3072, "w8a8-fp8-block128"),
+                         (768, 7168, "w8a8-int8-channel")):
+        layer = LayerConfig(n=n, k=k, scheme=scheme)
+        base = choose_tunings(layer, SM90, stored=False).for_m(4096)
+        for block_m, raster in ((128, "m_band"), (192, "m_band"), (128, "n_major")):
+            t = activation_multicast(attrs.evolve(base, block_m=block_m, raster=raster, stages=5))
+            plans.append(compose(layer, ComputeConfig(), t, SM90))
+    return plans
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("plan", _activation_cluster_plans(), ids=lambda p: p.kernel_name + "_" + p.tuning.raster)
+def test_activation_cluster_pairs_share_an_m_tile_and_cover_every_tile_once(plan, tmp_path) -> None:
+    """Two-CTA clusters along N (cluster_n=2): units 2u and 2u + 1 are n tiles 2j and 2j + 1 of one m tile, taken by
+    the two CTAs of a cluster at the same step (an even grid); every tile is covered once, none past m or N; the
+    banded walk goes m-fastest within a band of pairs, the plain one n-fastest."""
+    schedule = next(c for c in plan.components if c.family == "schedule")
+    assert schedule.cluster_n == 2 and plan.launch.cluster == (2, 1, 1)
+    banded = plan.tuning.raster == "m_band"
+    body = environment().get_template(schedule.template).render(**schedule.context())
+    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
+    call = "unit_coord(i, m)" if banded else "unit_coord(i)"
+    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
+            "  printf(\"%d\\n\", unit_count(m));\n"
+            f"  for (int i = 0; i < unit_count(m); ++i) {{\n    const TileCoord u = {call};\n"
+            "    printf(\"%d %d %d %d\\n\", u.n0, u.m0, u.kt_begin, u.kt_end);\n  }\n  return 0;\n}\n")
+    src = tmp_path / "schedule.cpp"
+    src.write_text(PRELUDE + "#include <cstdlib>\n#include <algorithm>\nusing std::min;\nnamespace cfg {\n" + cfg
+                   + "}\n" + body + main)
+    exe = tmp_path / "schedule"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    c = {name: value for name, value, _ in plan.constants}
+    block_m, block_n = c["kBlockM"], c["kBlockN"]
+    assert c["kNTiles"] % 2 == 0
+    for m in (1, 127, 128, 129, 300, 700, 1100, 4096):
+        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
+        count = int(lines[0])
+        units = [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+        m_tiles = -(-m // block_m)
+        assert count == c["kNTiles"] * m_tiles == plan.launch.units(m)
+        grid = plan.grid(m)[0]
+        assert grid % 2 == 0 and grid <= count
+        for u in range(0, count, 2):  # a pair: one m tile, n tiles 2j and 2j + 1
+            (n0, m0, kb, ke), (n1, m1, _, _) = units[u], units[u + 1]
+            assert m0 == m1 and n0 % (2 * block_n) == 0 and n1 == n0 + block_n and (kb, ke) == (0, c["kKTiles"])
+        tiles = [(n0, m0) for n0, m0, _, _ in units]
+        assert len(tiles) == len(set(tiles)) == c["kNTiles"] * m_tiles
+        assert all(n0 % block_n == 0 and n0 < c["kNPad"] and m0 % block_m == 0 and m0 < m for n0, m0 in tiles)
+        first_pairs = units[: min(count, 2 * min(8, m_tiles))]
+        if banded:  # m-fastest within a band: the first pairs share their n tiles, m walks
+            assert len({u[0] for u in first_pairs[::2]}) == 1
+        else:  # n-fastest
+            assert len({u[1] for u in units[: min(count, c["kNTiles"])]}) == 1

@@ -404,7 +404,7 @@ def test_weight_multicast_clusters_compile_without_spills(scheme: str, fold: boo
 
 @pytest.mark.parametrize("change,needle", [
     (dict(split_k=2), "split_k=1, raster='n_major'"), (dict(raster="m_band"), "split_k=1, raster='n_major'"),
-    (dict(cluster_m=2, cluster_n=2), "allowed: 1x1 or 2x1"), (dict(b_load="tma"), "b_load='tma_multicast'"),
+    (dict(cluster_m=2, cluster_n=2), "allowed: 1x1, 2x1"), (dict(b_load="tma"), "b_load='tma_multicast'"),
     (dict(cluster_m=1), "needs cluster_m > 1")])
 def test_weight_multicast_refusals_name_the_field(change: dict, needle: str) -> None:
     layer = LayerConfig(n=4000, k=3072, scheme="w8a8-fp8-channel")
@@ -421,3 +421,46 @@ def test_weight_multicast_is_refused_for_moe_and_16_bit_activations() -> None:
     t = attrs.evolve(choose_tunings(w4a16, tgt, stored=False).for_m(4096), cluster_m=2, b_load="tma_multicast")
     with pytest.raises(ComposeError, match="allowed: 1x1"):
         compose(w4a16, ComputeConfig(), t, tgt)
+
+
+@pytest.mark.parametrize("scheme,fold", [("w8a8-fp8-channel", False), ("w8a8-int8-channel", False),
+                                         ("w8a8-fp8-block128", False), ("w4a8-mxfp4-fp8", True)])
+def test_activation_multicast_clusters_compile_without_spills(scheme: str, fold: bool) -> None:
+    """cluster_n=2: two CTAs along N share each activation stage (each multicasts half the tile's rows of its
+    panel into both; the full barrier still expects the whole tile), weights their own; stages released on both
+    CTAs' empty barriers; no producer cp.async unless scales are staged."""
+    from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast
+
+    tgt = get_target("sm_90a")
+    layer = LayerConfig(n=4096, k=3072, scheme=scheme, has_bias=True, fold_scales=fold)
+    base = choose_tunings(layer, tgt, stored=False).for_m(4096)
+    plan = compose(layer, ComputeConfig(), activation_multicast(attrs.evolve(base, block_m=128, stages=5)), tgt)
+    assert plan.kernel_name.endswith("_cn2") and plan.launch.cluster == (2, 1, 1)
+    kernel = build(plan)
+    assert_no_spills(kernel, plan.kernel_name)
+    src = kernel.source
+    for symbol in ("bulk_copy_multicast(a_smem_stage + first * 128", "release_stage(ring, stage)", "cluster_sync();",
+                   "peer_empty_bars", "weight_stage_bytes(tc.n0) + a_stage_bytes(p.m, tc.m0)"):
+        assert symbol in src, symbol
+    assert "kHalfSlicesBytes" not in src  # the weights are not shared
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(split_k=2), "split_k=1, a_load='tma_multicast'"), (dict(a_load="tma"), "needs cluster_n > 1"),
+    (dict(block_m=8), "block_m a multiple of 16")])
+def test_activation_multicast_refusals_name_the_field(change: dict, needle: str) -> None:
+    from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast
+
+    layer = LayerConfig(n=4096, k=3072, scheme="w8a8-fp8-channel")
+    base = choose_tunings(layer, get_target("sm_90a"), stored=False).for_m(4096)
+    t = activation_multicast(attrs.evolve(base, block_m=128, stages=5))
+    if change.get("a_load") == "tma":
+        change = dict(a_load="tma_multicast", cluster_n=1)
+    with pytest.raises((ComposeError, ValueError), match=re.escape(needle)):
+        compose(layer, ComputeConfig(), attrs.evolve(t, **change), get_target("sm_90a"))
+    odd = LayerConfig(n=4000 - 128, k=3072, scheme="w8a8-fp8-channel")  # 31 n tiles
+    with pytest.raises(ComposeError, match="must be even"):
+        compose(odd, ComputeConfig(), t, get_target("sm_90a"))
+    moe = LayerConfig(n=512, k=7168, scheme="w8a8-fp8-channel", num_experts=8)
+    with pytest.raises(ComposeError, match="clusters serve dense layers"):
+        compose(moe, ComputeConfig(gemm="indexed"), attrs.evolve(t, raster="n_major"), get_target("sm_90a"))

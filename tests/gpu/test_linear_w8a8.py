@@ -208,6 +208,37 @@ def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
         _check(linear, qw, bias, torch.bfloat16, m, f"{scheme} cluster 2x1 block_m={block_m}")
 
 
+@pytest.mark.parametrize("scheme,block_m,raster", [("w8a8-fp8-channel", 128, "m_band"), ("w8a8-fp8-channel", 192, "m_band"),
+                                                   ("w8a8-int8-channel", 192, "n_major"),
+                                                   ("w8a8-fp8-block128", 128, "m_band"), ("w4a8-mxfp4-fp8", 128, "m_band")])
+def test_a8_activation_multicast_clusters(scheme: str, block_m: int, raster: str) -> None:
+    """Two-CTA clusters along N sharing activation stages by multicast (cluster_n=2, a_load='tma_multicast'): each
+    CTA copies half of the tile's rows of its panel into both; tiles cut by M (M = 1: the second half empty; 300,
+    1000), pairs of n tiles, more pairs than clusters (rings refilled), banded and plain walks, staged block scales
+    and folded e8m0 scales beside."""
+    from humming_gen.config import LayerConfig
+    from humming_gen.heuristics import choose_tunings
+    from humming_gen.layer.weights import scales_fold
+    from humming_gen.pipelines.base import TuningPlan
+    from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast
+
+    torch.manual_seed(17)
+    n, k = 8192, 3072
+    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    bias = torch.randn(n, device="cuda").bfloat16()
+    target = hg.Target.current()
+    if not target.has("clusters"):
+        pytest.skip(f"{target.name} launches no clusters")
+    layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
+    base = choose_tunings(layer, target, stored=False).for_m(4096)
+    tuning = activation_multicast(attrs.evolve(base, block_m=block_m, raster=raster,
+                                               stages=min(base.stages, 5 if block_m == 192 else 6)))
+    linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
+    assert linear.kernel_for(1).plan.launch.cluster == (2, 1, 1) and linear.kernel_for(1).activation_layout == "panels"
+    for m in (1, 300, 1000):
+        _check(linear, qw, bias, torch.bfloat16, m, f"{scheme} cluster 1x2 block_m={block_m} {raster}")
+
+
 MXFP4_MXFP8 = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",
                              activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32,
                                                             scale_dtype="float8e8m0"))

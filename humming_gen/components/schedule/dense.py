@@ -65,12 +65,15 @@ class PersistentSchedule(Component):
     split_k: int
     group_m: int = option_field(1)
     cluster_m: int = option_field(1)  # 2: unit pairs (one n tile, two m tiles) for the two CTAs of a cluster
+    cluster_n: int = option_field(1)  # 2: unit pairs (one m tile, two n tiles; kNTiles even), bands allowed
 
     def __attrs_post_init__(self) -> None:
         if self.group_m > 1 and self.split_k > 1:
             raise ValueError("PersistentSchedule: group_m bands are generated without split-K")
         if self.cluster_m not in (1, 2) or (self.cluster_m > 1 and (self.split_k > 1 or self.group_m > 1)):
             raise ValueError(f"PersistentSchedule: cluster_m={self.cluster_m} (1, or 2 without split-K or bands)")
+        if self.cluster_n not in (1, 2) or (self.cluster_n > 1 and (self.split_k > 1 or self.cluster_m > 1)):
+            raise ValueError(f"PersistentSchedule: cluster_n={self.cluster_n} (1, or 2 without split-K or cluster_m)")
 
 
 @attrs.frozen

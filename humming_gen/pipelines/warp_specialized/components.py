@@ -41,11 +41,19 @@ class ATilePanelsBulk(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/a_tile_panels_bulk.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma"})
-    ptx: ClassVar[tuple[str, ...]] = ("bulk_copy",)
     provides: ClassVar[frozenset[str]] = frozenset({"kAPanelBytes", "a_stage_bytes", "load_a_stage",
                                                    "smem_descriptor", "a_step_descriptor"})
-    needs: ClassVar[frozenset[str]] = frozenset({"bulk_copy"})
     dtype: str
+    # two CTAs of a cluster along N (one m tile, two n tiles): each copies half of the tile's rows into both
+    multicast: bool = option_field()
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("bulk_copy", "cluster") if self.multicast else ("bulk_copy",)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"bulk_copy_multicast", "cluster_cta_rank"} if self.multicast else {"bulk_copy"})
 
     def extra_context(self) -> dict:
         return {"bytes": 1}  # (the descriptors' k32 steps)
@@ -105,8 +113,8 @@ class WeightStageBulk(Component):
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
-    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped, staged_store and
-    cluster_m."""
+    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped, staged_store, cluster_m
+    and cluster_n."""
 
     RING_NEEDS: ClassVar[frozenset[str]] = frozenset({
         "Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init", "fence_barrier_init",
@@ -119,6 +127,12 @@ class RingSkeleton:
         return bool(self.expert_tensors)
 
     @property
+    def clustered(self) -> bool:
+        """Two-CTA clusters: each CTA multicasts a share of every stage into both (weights along M, activations
+        along N), so a consumer releases a stage on both CTAs' empty barriers."""
+        return self.cluster_m * self.cluster_n > 1
+
+    @property
     def gather(self) -> bool:
         return self.moe and not self.grouped
 
@@ -126,11 +140,11 @@ class RingSkeleton:
     def ptx(self) -> tuple[str, ...]:
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
                 + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ())
-                + (("cluster",) if self.cluster_m > 1 else ()))
+                + (("cluster",) if self.clustered else ()))
 
     def ring_provides(self) -> set[str]:
         return ({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set())
-                | ({"release_stage"} if self.cluster_m > 1 else set()))
+                | ({"release_stage"} if self.clustered else set()))
 
     def ring_needs(self) -> set[str]:
         """The partials' calls, the epilogue's store (split-K slices or whole tiles) and the MoE units' helpers."""
@@ -140,15 +154,16 @@ class RingSkeleton:
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
         needs |= {"count_expert_blocks"} if self.grouped else set()
-        needs |= {"cluster_sync", "mbarrier_arrive_remote", "peer_shared_address", "cluster_cta_rank"} if self.cluster_m > 1 else set()
+        needs |= ({"cluster_sync", "mbarrier_arrive_remote", "peer_shared_address", "cluster_cta_rank"} if self.clustered
+                  else set())
         return needs
 
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         """(a_bulk, the activation tile by one bulk copy, is False unless the skeleton sets it.)"""
         return {"a_bulk": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
-                "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.cluster_m > 1,
+                "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
-                "release_stage": ("release_stage(ring, stage)" if self.cluster_m > 1
+                "release_stage": ("release_stage(ring, stage)" if self.clustered
                                   else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
                 # store_output's last argument: this consumer warp's staging buffer
                 "staging_arg": (", ring.smem + cfg::kStages * (cfg::kStageBytes + 16) + "
@@ -178,6 +193,7 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     # ring's barriers (kStagingBytes each)
     staged_store: bool = option_field()
     cluster_m: int = option_field(1)  # generated with 1 only (two-CTA clusters: the 8-bit skeleton)
+    cluster_n: int = option_field(1)
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -230,6 +246,9 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # 2: two-CTA clusters along M share each weight stage by multicast (WeightStageBulk.cluster_m), and each consumer
     # warp releases a stage on both CTAs' empty barriers
     cluster_m: int = option_field(1)
+    # 2: two-CTA clusters along N share each stage's activation tile by multicast (ATilePanelsBulk.multicast), and
+    # each consumer warp releases a stage on both CTAs' empty barriers
+    cluster_n: int = option_field(1)
     # wgmma reads the weights from the stage through descriptors (WgmmaSS8, BLayoutSw128 panels), no fragments
     shared_weights: bool = option_field()
     # the activation codes come in the panels layout, a stage's tile by one bulk copy (ATilePanelsBulk)

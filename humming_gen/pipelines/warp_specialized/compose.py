@@ -153,15 +153,16 @@ def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: b
     """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
     cp.asyncs activations and bulk-copies the rest, one CTA per SM, split-K rather than stream-K; no clusters,
     except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
-    b_load='tma_multicast'). `a_bulk` (the 8-bit skeleton): a_load='tma' too, codes in the panels layout by bulk
-    copy (compose_a8.panels_reasons says where)."""
+    b_load='tma_multicast') or along N sharing activation stages (1x2, a_load='tma_multicast'). `a_bulk` (the 8-bit
+    skeleton): a_load='tma' too, codes in the panels layout by bulk copy (compose_a8.panels_reasons says where)."""
     t = tuning
     reasons = []
     if t.mma != "wgmma":
         reasons.append(f"tuning.mma={t.mma!r}: the warp-specialized pipeline uses 'wgmma'")
-    if a_bulk and t.a_load not in ("cp_async", "tma"):
-        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activation codes with 'cp_async', or 'tma' "
-                       f"(one bulk copy of codes in the panels layout)")
+    if a_bulk and t.a_load not in ("cp_async", "tma", "tma_multicast"):
+        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activation codes with 'cp_async', 'tma' "
+                       f"(one bulk copy of codes in the panels layout) or 'tma_multicast' (half of it into both CTAs "
+                       f"of a cluster along N)")
     elif not a_bulk and t.a_load != "cp_async":
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
                        f"to encode per call)")
@@ -169,8 +170,9 @@ def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: b
     if t.b_load != b_load or t.scale_load != "tma":
         reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r} with cluster_m={t.cluster_m}: the "
                        f"producer bulk-copies weights and group rows (b_load={b_load!r}, scale_load='tma')")
-    if (t.cluster_m, t.cluster_n) not in ({(1, 1), (2, 1)} if weight_multicast else {(1, 1)}):
-        allowed = "1x1 or 2x1 (two m tiles sharing weight stages)" if weight_multicast else "1x1"
+    if (t.cluster_m, t.cluster_n) not in ({(1, 1), (2, 1), (1, 2)} if weight_multicast else {(1, 1)}):
+        allowed = ("1x1, 2x1 (two m tiles sharing weight stages) or 1x2 (two n tiles sharing activation stages)"
+                   if weight_multicast else "1x1")
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: clusters (multicast) are not generated for "
                        f"this warp-specialized kernel; allowed: {allowed}")
     if t.stream_k:

@@ -175,6 +175,9 @@ def exact_k(layer: LayerConfig) -> bool:
 def tuning_reasons(tuning: TuningConfig) -> list[str]:
     t = tuning
     reasons = ring_reasons(t, weight_multicast=True, a_bulk=True)
+    if t.cluster_n > 1 and (t.split_k > 1 or t.a_load != "tma_multicast"):
+        reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n} with split_k={t.split_k}, a_load={t.a_load!r}: "
+                       f"cluster pairs along N share whole tiles' activation stages (split_k=1, a_load='tma_multicast')")
     if t.cluster_m > 1 and (t.split_k > 1 or t.raster != "n_major"):
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n} with split_k={t.split_k}, raster={t.raster!r}: "
                        f"cluster pairs walk whole tiles n-major (split_k=1, raster='n_major')")
@@ -205,7 +208,7 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
     if compute.gemm in MOE_GEMMS:
         reasons.append(f"b_operand='shared' with gemm={compute.gemm!r}: MoE GEMMs read the weights from registers "
                        f"(their small buckets run the standard pipeline on the BLayout8 copy)")
-    if t.cluster_m > 1:
+    if t.cluster_m * t.cluster_n > 1:
         reasons.append(f"b_operand='shared' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
     return reasons
 
@@ -213,8 +216,16 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
 def panels_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
     """What a_load='tma' (a stage's activation codes by one bulk copy, from the panels layout of
     quantize_activation(layout="panels")) needs: a dense GEMM (MoE rows are gathered or windowed), whole 128-k
-    panels (K a multiple of 128) and one panel per stage."""
+    panels (K a multiple of 128) and one panel per stage; 'tma_multicast' (two CTAs along N, each copying half the
+    tile's rows into both) also pairs of n tiles and halves of whole 8-row atoms."""
     reasons = []
+    if tuning.a_load == "tma_multicast":
+        if math.ceil(layer.n / BLOCK_N) % 2:
+            reasons.append(f"tuning.a_load='tma_multicast' with N={layer.n}: cluster pairs take two n tiles, so the "
+                           f"{math.ceil(layer.n / BLOCK_N)} tiles of {BLOCK_N} rows must be even")
+        if tuning.block_m % 16:
+            reasons.append(f"tuning.a_load='tma_multicast' with block_m={tuning.block_m}: each CTA copies half the "
+                           f"tile's rows, whole 8-row swizzle atoms (block_m a multiple of 16)")
     if compute.gemm in MOE_GEMMS:
         reasons.append(f"tuning.a_load='tma' with gemm={compute.gemm!r}: MoE kernels read rows of codes "
                        f"(a_load='cp_async'); the panels layout serves dense layers")
@@ -246,9 +257,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
     shared_weights = t.b_operand == "shared"
     reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
-    a_bulk = t.a_load == "tma"
+    a_bulk = t.a_load in ("tma", "tma_multicast")
     reasons += panels_reasons(layer, compute, t) if a_bulk else []
-    if moe and t.cluster_m > 1:
+    if moe and t.cluster_m * t.cluster_n > 1:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: MoE units of one expert are not paired; "
                        f"clusters serve dense layers")
     order = standard_a8.nibble_order(layer)
@@ -268,7 +279,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         numeric.append(NibbleToInt8(weight=s.weight.name))
     elif order == "e4m3":
         numeric.append(ExponentFold(weight=s.weight) if fold else NibbleToE4m3(weight=s.weight))
-    memory: list[Component] = [ATilePanelsBulk(dtype=a.dtype.name) if a_bulk
+    memory: list[Component] = [ATilePanelsBulk(dtype=a.dtype.name, multicast=t.cluster_n > 1) if a_bulk
                                else ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
                                                cluster_m=t.cluster_m)]
@@ -279,7 +290,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     banded = t.raster == "m_band"
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
                                  PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1,
-                                                    cluster_m=t.cluster_m)]
+                                                    cluster_m=t.cluster_m, cluster_n=t.cluster_n)]
     epilogue: list[Component] = []
     if t.split_k > 1:
         epilogue.append(SplitKParallelReduce(split_k=t.split_k, sync="consumer_sync()",
@@ -300,9 +311,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pdl = target.has("pdl")
     suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + ("_pa" if a_bulk else "") + moe_name_suffix(compute)
               + ("_fold" if fold else "") + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "")
+              + (f"_cn{t.cluster_n}" if t.cluster_n > 1 else "")
               + ("_ss" if shared_weights else ""))
-    # _pa: activation codes in the panels layout; _fold: folded group scales; _c2: two-CTA clusters; _ss: weights
-    # read from shared memory
+    # _pa: activation codes in the panels layout; _fold: folded group scales; _c2: two-CTA clusters along M (shared
+    # weight stages); _cn2: along N (shared activation stages); _ss: weights read from shared memory
     name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
@@ -311,7 +323,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
-                                         cluster_m=t.cluster_m, shared_weights=shared_weights, a_bulk=a_bulk)
+                                         cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
+                                         a_bulk=a_bulk)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -380,7 +393,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
     launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count, experts=layer.num_experts if moe else 1,
-                              moe_gemm=compute.gemm if moe else "", cluster_m=t.cluster_m)
+                              moe_gemm=compute.gemm if moe else "", cluster_m=t.cluster_m, cluster_n=t.cluster_n)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
                       args=standard_a8.args(layer, t.split_k > 1, compute, fold=fold, panels=a_bulk),

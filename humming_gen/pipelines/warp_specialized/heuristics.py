@@ -179,6 +179,13 @@ def weight_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_m=2, b_load="tma_multicast", raster="n_major", split_k=1)
 
 
+def activation_multicast(tuning: TuningConfig) -> TuningConfig:
+    """`tuning` with two-CTA clusters along N sharing each activation stage by multicast (dense 8-bit kernels reading
+    panels, an even number of n tiles; opt-in, unmeasured): unit pairs take one m tile of two n tiles, each CTA
+    copying half the tile's rows into both, which halves the activation bytes read from L2 per CTA."""
+    return attrs.evolve(tuning, cluster_n=2, a_load="tma_multicast", split_k=1)
+
+
 def shared_weight_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
     """The heuristics' plan for a dense 8-bit-weight x 8-bit-activation layer (warp-specialized at every M on
     sm_90a) with the weights read from shared memory (b_operand='shared', WgmmaSS8): every bucket, since a layer keeps
