@@ -102,3 +102,30 @@ def test_autotune_times_each_kernel_on_codes_of_its_layout(launches, monkeypatch
         writers = [q for q, _, qp in launches if q.startswith("act_quantize")
                    and fields["a"] in struct.unpack(f"<{len(qp) // 8}Q", qp)]
         assert writers and all(("_p_" in q) == (kern.activation_layout == "panels") for q in writers), (name, writers)
+
+
+def test_launcher_refuses_row_codes_of_3d_activations(launches):
+    """quantize_activation of (B, S, K) activations returns row codes of shape (B, S, K): three dimensions, like
+    panels, but no (K / 128, m, 128) panels; a panels kernel must refuse them rather than read S rows of garbage
+    (lda B's stride). Panels of the same rows, and a view of fewer of their rows, are taken."""
+    torch.manual_seed(0)
+    n = k = 256
+    layer = hg.QuantLinear.from_quantized(hg.scheme("w8a8-fp8-channel").quantize(torch.randn(n, k) * 0.05),
+                                          target="sm_90a", device="cpu")
+    _, launcher = layer._launchers[-1]
+    assert launcher.kernel.activation_layout == "panels"
+    x = torch.randn(2, 8, k).bfloat16()
+    out = torch.empty(16, n, dtype=torch.bfloat16)
+    rows = hg.quantize_activation(x, layer.activation_scheme)
+    assert rows.codes.shape == (2, 8, k)
+    launches.clear()
+    with pytest.raises(ValueError, match="panels"):
+        launcher(rows.codes, out, rows.scales)
+    assert not launches
+    panels = hg.quantize_activation(x.reshape(16, k), layer.activation_scheme, layout="panels")
+    launches.clear()
+    launcher(panels.codes, out, panels.scales)
+    launcher(panels.codes[:, :5], out[:5], panels.scales[:5])  # the first 5 rows: lda stays the panel stride
+    kern = launcher.kernel
+    got = [dict(zip([a.name for a in kern.plan.args], kern._struct.unpack(p))) for _, _, p in launches]
+    assert [(f["m"], f["lda"]) for f in got] == [(16, 16 * 128), (5, 16 * 128)]
