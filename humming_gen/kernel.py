@@ -220,7 +220,9 @@ class Launcher:
         if self._routing_slots:
             raise ValueError(f"kernel {self.kernel.name} is an MoE kernel: launch it with Launcher.moe")
         self._set_a_scale(a_scale)
-        if (a.dim() == 3) != self._panels:
+        if (a.dim() == 3) != self._panels or self._panels and (
+                a.shape[0] * 128 != self.kernel.plan.layer.k or a.shape[2] != 128 or a.stride(2) != 1
+                or a.stride(1) != 128):  # (3-D row codes of (B, S, K) activations are no panels)
             raise ValueError(f"kernel {self.kernel.name} reads activation codes in the "
                              f"{'panels' if self._panels else 'rows'} layout, got a of shape {tuple(a.shape)}; "
                              + ("quantize with quantize_activation(x, scheme, layout='panels')" if self._panels

@@ -533,15 +533,20 @@ class QuantMoE(torch.nn.Module):
 
     def launcher_for(self, weight: str, rows: int, block_m: int):
         """The bound launcher of GEMM `weight` ("w13" or "w2") whose token tile is `block_m`: the bucket of `rows`
-        assignment rows when its tile matches, else the first bucket with that tile (for callers that bring
-        their own routing, padded to block_m)."""
+        assignment rows when its tile matches, else the nearest bucket with that tile above it, or the last below
+        it (for callers that bring their own routing, padded to block_m)."""
         index = self.gemm_index(weight)
         tiles = self.block_ms
         if block_m not in tiles:
             raise ValueError(f"block_m={block_m}: this layer's kernels tile {sorted(set(tiles))} rows; pad the "
                              f"routing to one of them (layer.block_m(M, top_k) gives the one for a batch)")
         preferred = self.bucket_for(rows, 1)
-        bucket = preferred if tiles[preferred] == block_m else tiles.index(block_m)
+        if tiles[preferred] == block_m:
+            return self._launchers[preferred][index]
+        # the first bucket of that tile above the rows' one, else the last below: never the split-K bucket beyond
+        # its bound (its scratch is bound for at most its assignments; the unsplit bucket of its tile follows it)
+        same = [i for i, tile in enumerate(tiles) if tile == block_m]
+        bucket = next((i for i in same if i > preferred), same[-1])
         return self._launchers[bucket][index]
 
     def grouped_launcher(self, weight: str, gemm: str, rows_per_expert: int, pipeline: str | None = None):

@@ -123,14 +123,18 @@ def autotune(layer_config: LayerConfig, ms: Sequence[int], target: "Target | str
     bias = torch.randn(layer.n, device=device, dtype=dtype) if layer.has_bias else None
     k_pad = math.ceil(layer.k / 8) * 8  # the kernels read rows of 16-byte multiples (QuantLinear pads the same way)
 
-    def inputs(m: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def inputs(m: int, layouts) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per activation layout the kernels read ("rows", "panels": Kernel.activation_layout), their inputs."""
         x = torch.nn.functional.pad(torch.randn(m, layer.k, device=device, dtype=dtype), (0, k_pad - layer.k))
         if layer.scheme.activation is None:
-            return x, None
+            return {layout: (x, None) for layout in layouts}
         from humming_gen.activation import quantize_activation
 
-        qa = quantize_activation(x[:, :layer.k], layer.scheme.activation)
-        return qa.codes, qa.scales
+        out = {}
+        for layout in layouts:
+            qa = quantize_activation(x[:, :layer.k], layer.scheme.activation, layout=layout)
+            out[layout] = qa.codes, qa.scales
+        return out
 
     progress = Progress(rounds * sum(len(per_bucket[b]) * len(bms) for b, bms in buckets.items()))
     results = []
@@ -139,10 +143,12 @@ def autotune(layer_config: LayerConfig, ms: Sequence[int], target: "Target | str
             tunings = per_bucket[m_max]
             times: dict[TuningConfig, dict[int, float]] = {t: {} for t in tunings}
             for m in bucket_ms:
-                a, a_scale = inputs(m)
+                # the codes in each layout the candidates read (the panels kernels refuse rows, and vice versa)
+                quantized = inputs(m, dict.fromkeys(kernels[t].activation_layout for t in tunings))
                 out = torch.empty(m, layer.n, device=device, dtype=out_dtype)
                 for r in range(rounds):
                     for t in tunings[r % len(tunings):] + tunings[:r % len(tunings)]:  # rotated each round
+                        a, a_scale = quantized[kernels[t].activation_layout]
                         # bound per timing and dropped after: every candidate's split-K scratch for every weight
                         # at once would not fit at large M
                         launchers = [kernels[t].bind(w, bias, device, m) for w in weights]

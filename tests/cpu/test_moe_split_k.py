@@ -274,3 +274,27 @@ def test_quant_moe_takes_the_split_bucket_below_its_bound() -> None:
     assert never.buckets[0] == 8 and all(k == (1, 1) for k in never.split_ks)
     with pytest.raises(ValueError, match="split_k=True; allowed"):
         hg.QuantMoE.from_float(w13, w2, "w4a16-int4-g128", target="sm_90a", device="cpu", split_k=True)
+
+
+def test_launcher_for_a_callers_tile_keeps_the_split_bucket_to_its_rows(monkeypatch) -> None:
+    """moe_gemm on a caller's routing padded to a tile its rows' bucket does not take falls back to a bucket of
+    that tile: the unsplit one (as before the split-K bucket existed), not the split-K bucket bound for at most
+    A_s assignments, whose scratch (n tiles x m blocks x slices x tile, m blocks growing with the rows) would grow
+    past its bound at that call (under a CUDA graph capture too) and whose slices would run for a batch it was not
+    chosen for."""
+    import humming_gen.kernel as kernel_mod
+    from humming_gen.layer.moe import QuantMoE
+
+    monkeypatch.setattr(kernel_mod, "build_many", lambda plans, compiler=None: [
+        kernel_mod.build(p, compile=False) for p in plans])
+    torch.manual_seed(0)
+    e, h, i = 4, 1024, 128
+    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h) * 0.05, torch.randn(e, h, i) * 0.05, "w4a16-int4-g128",
+                              target="sm_90a", device="cpu", fused_activation=False)
+    tiles = moe.block_ms
+    assert moe.split_ks[0][0] > 1 and tiles[0] == tiles[1], (moe.buckets, moe.split_ks)  # split bucket, then unsplit
+    most = moe._most_assignments[0]
+    for rows in (most, most + 1, 8 * e, 64 * e, 4096 * e):
+        launcher = moe.launcher_for("w13", rows, tiles[0])
+        want = 0 if rows <= most else 1
+        assert launcher is moe._launchers[want][0], (rows, moe.buckets, moe.split_ks)

@@ -87,7 +87,8 @@ def test_fold_matches_fallback_closely() -> None:
                          folded.plan.tuning, layer.target)
     plain = build(plain_plan)
     x = torch.randn(m, k, device="cuda").bfloat16()
-    qa = hg.quantize_activation(x, qw.scheme.activation)
+    assert plain.activation_layout == folded.activation_layout  # (panels where K % 128 == 0: a_load='tma')
+    qa = hg.quantize_activation(x, qw.scheme.activation, layout=folded.activation_layout)
     outs = []
     for kern in (folded, plain):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
