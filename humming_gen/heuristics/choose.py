@@ -122,6 +122,9 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     splits K n ways, at most a GEMM's k tiles; the warp-specialized MoE kernels never split): moe_standard_plans."""
     if pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
+    if pipeline == "warp_specialized" and split_k not in (None, 1):
+        raise ValueError(f"split_k={split_k} with pipeline='warp_specialized': the warp-specialized MoE kernels do not "
+                         f"split K (split_k splits the standard pipeline's buckets; pass None or 1)")
     target = get_target(target)
     if pipeline != "warp_specialized":
         standard = moe_standard_plans(standard, layers, target, split_k)

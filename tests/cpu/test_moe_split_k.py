@@ -298,3 +298,11 @@ def test_launcher_for_a_callers_tile_keeps_the_split_bucket_to_its_rows(monkeypa
         launcher = moe.launcher_for("w13", rows, tiles[0])
         want = 0 if rows <= most else 1
         assert launcher is moe._launchers[want][0], (rows, moe.buckets, moe.split_ks)
+
+
+def test_split_k_with_the_warp_specialized_pipeline_is_refused() -> None:
+    """The warp-specialized MoE kernels never split K: a forced split there is an error, not silently dropped."""
+    from humming_gen.heuristics.choose import moe_tunings
+
+    with pytest.raises(ValueError, match="split_k=3 with pipeline='warp_specialized'"):
+        moe_tunings([], [], [], "sm_90a", pipeline="warp_specialized", split_k=3)
