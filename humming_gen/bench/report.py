@@ -14,6 +14,8 @@ from typing import Any, TextIO
 SCHEMA = "humming_gen.bench/1"
 ROW_FIELDS = ("impl", "format", "shape", "n", "k", "m", "layers", "graph_us")  # every row has these
 IMPL_CUBLAS = "cublas-bf16"
+IMPL_CUBLAS_FP8 = "cublaslt-fp8"  # torch._scaled_mm on pre-quantized e4m3 inputs, rowwise scales (issue 10's column)
+BASELINES = (IMPL_CUBLAS, IMPL_CUBLAS_FP8)  # per shape, not per format
 IMPL_OURS = "humming_gen"
 IMPL_HUMMING = "humming"
 
@@ -66,14 +68,15 @@ def write_json(results: dict[str, Any], path: str | Path) -> Path:
 
 
 def _impl_label(row: dict[str, Any]) -> str:
-    if row["impl"] == IMPL_CUBLAS:
-        return IMPL_CUBLAS
+    if row["impl"] in BASELINES:
+        return row["impl"]
     return f"{row['impl']} {row['format']}"
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """One markdown table per shape: M rows, a column per implementation (cuBLAS, then each format's ours and
-    Humming's), CUDA-graph us per layer; 'err' where an implementation failed, '-' where it did not run."""
+    """One markdown table per shape: M rows, a column per implementation (cuBLAS bf16, cuBLASLt fp8 where a format
+    quantizes activations to fp8, then each format's ours and Humming's), CUDA-graph us per layer; 'err' where an
+    implementation failed, '-' where it did not run."""
     rows = results["rows"]
     lines = [f"CUDA-graph us per layer on {results['gpu']} (median of {results.get('replays', 20)} replays)"]
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -111,9 +114,9 @@ def plot_results(results: dict[str, Any], path_prefix: str | Path) -> list[Path]
     limits = results["limits"]
     rows = [r for r in results["rows"] if r.get("graph_us") and not r.get("error")]
     written = []
-    groups = dict.fromkeys((r["shape"], r["format"]) for r in rows if r["impl"] != IMPL_CUBLAS)
+    groups = dict.fromkeys((r["shape"], r["format"]) for r in rows if r["impl"] not in BASELINES)
     for shape, fmt in groups:
-        group = [r for r in rows if r["shape"] == shape and (r["format"] == fmt or r["impl"] == IMPL_CUBLAS)]
+        group = [r for r in rows if r["shape"] == shape and (r["format"] == fmt or r["impl"] in BASELINES)]
         ours = sorted((r for r in group if r["impl"] == IMPL_OURS), key=lambda r: r["m"])
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         for label in dict.fromkeys(_impl_label(r) for r in group):

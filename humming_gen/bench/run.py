@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from humming_gen.bench import scheme_for
-from humming_gen.bench.report import IMPL_CUBLAS, IMPL_HUMMING, IMPL_OURS, SCHEMA, Progress, add_rates, device_limits
+from humming_gen.bench.report import (IMPL_CUBLAS, IMPL_CUBLAS_FP8, IMPL_HUMMING, IMPL_OURS, SCHEMA, Progress,
+                                      add_rates, device_limits)
 from humming_gen.bench.timing import cold_layer_count, copy_gbps, graph_time_us, matmul_tflops
 
 
@@ -55,6 +56,28 @@ def _time_rows(rows: list, progress: Progress, fns: Sequence[Callable], xs: dict
                       + (f"{row['graph_us']:.1f} us" if row["graph_us"] else "failed"))
 
 
+def fp8_baseline_wanted(formats: Sequence[str]) -> bool:
+    """cuBLASLt fp8 joins the table where a format quantizes its activations to fp8 (e4m3 / e5m2): the vendor
+    GEMM on inputs already quantized, which our times (quantization included) are read against."""
+    for name in formats:
+        act = scheme_for(name).activation
+        if act is not None and act.dtype.name.startswith("float8"):
+            return True
+    return False
+
+
+def cublaslt_fp8_layers(n: int, k: int, count: int, ms: Sequence[int]) -> tuple[list[Callable], dict[int, torch.Tensor]]:
+    """`count` fp8 GEMMs (torch._scaled_mm, e4m3 weights and activations, fp32 rowwise scales, bf16 out) and their
+    e4m3 inputs per M: the fns take an input and look its scales up by row count (no allocation in the graph)."""
+    weights = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.float8_e4m3fn) for _ in range(count)]
+    scale_b = torch.ones(1, n, device="cuda")
+    scale_a = {m: torch.ones(m, 1, device="cuda") for m in ms}
+    xs = {m: torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn) for m in ms}
+    fns = [lambda x, w=w: torch._scaled_mm(x, w.t(), scale_a=scale_a[x.shape[0]], scale_b=scale_b,
+                                           out_dtype=torch.bfloat16) for w in weights]
+    return fns, xs
+
+
 def run_benchmark(formats: Sequence[str], shapes: Sequence[tuple[int, int]], ms: Sequence[int], *,
                   min_layers: int = 8, replays: int = 20, humming: bool = True, standard: Sequence[str] = (),
                   log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -79,7 +102,9 @@ def run_benchmark(formats: Sequence[str], shapes: Sequence[tuple[int, int]], ms:
                                "target": target.name, "limits": limits_for_device(), "ms": list(ms),
                                "replays": replays, "min_layers": min_layers, "rows": []}
     rows = results["rows"]
-    total = len(shapes) * len(ms) * (1 + len(formats) * (1 + int(humming)) + len([f for f in formats if f in standard]))
+    baselines = 1 + int(fp8_baseline_wanted(formats) and torch.cuda.get_device_capability() >= (8, 9))
+    total = len(shapes) * len(ms) * (baselines + len(formats) * (1 + int(humming))
+                                     + len([f for f in formats if f in standard]))
     progress = Progress(total)
     try:
         for n, k in shapes:
@@ -92,6 +117,13 @@ def run_benchmark(formats: Sequence[str], shapes: Sequence[tuple[int, int]], ms:
                        dict(impl=IMPL_CUBLAS, format=None, shape=shape, n=n, k=k, layers=count),
                        lambda m: n * k * 2 + act_out(m))
             del dense
+            if fp8_baseline_wanted(formats) and torch.cuda.get_device_capability() >= (8, 9):
+                count = cold_layer_count(n * k, target.l2_bytes, min_layers)
+                fns, xs8 = cublaslt_fp8_layers(n, k, count, ms)
+                _time_rows(rows, progress, fns, xs8, replays,
+                           dict(impl=IMPL_CUBLAS_FP8, format=None, shape=shape, n=n, k=k, layers=count),
+                           lambda m: n * k + m * k + 2 * m * n)
+                del fns, xs8
             for name in formats:
                 bits = scheme_for(name).weight.bits
                 count = cold_layer_count(max(1, n * k * bits // 8), target.l2_bytes, min_layers)

@@ -49,6 +49,25 @@ def test_table_has_a_column_per_implementation():
     assert "humming_gen w4a16-int4-g128 2.0e-03" in table and "4245 GB/s" in table
 
 
+def test_cublaslt_fp8_is_one_column_per_shape_for_fp8_activation_formats():
+    """Issue 10's table reads our 8-bit times (quantization included) against cuBLASLt fp8 on pre-quantized inputs:
+    a per-shape baseline beside cuBLAS bf16, timed when a format quantizes activations to fp8, not for others."""
+    from humming_gen.bench.run import fp8_baseline_wanted
+
+    results = synthetic()
+    for m in (1, 16, 64):
+        results["rows"].insert(0, add_rates({"impl": "cublaslt-fp8", "format": None, "shape": "4096x4096", "n": 4096,
+                                             "k": 4096, "m": m, "layers": 8, "graph_us": 20.0 + m,
+                                             "bytes": 4096 * 4096}))
+    check_results(results)
+    lines = format_table(results).splitlines()
+    header = next(line for line in lines if line.startswith("| M |"))
+    assert header == "| M | cublaslt-fp8 | cublas-bf16 | humming_gen w4a16-int4-g128 | humming w4a16-int4-g128 |"
+    assert "| 1 | 21.0 | 12.1 | 8.1 | err |" in lines
+    assert fp8_baseline_wanted(["w4a16-int4-g128", "w8a8-fp8-channel"]) and fp8_baseline_wanted(["w4a8-mxfp4-fp8"])
+    assert not fp8_baseline_wanted(["w4a16-int4-g128", "w8a8-int8-channel"])
+
+
 def test_rates_and_limits():
     row = add_rates({"m": 64, "n": 4096, "k": 4096, "graph_us": 10.0, "bytes": 8_000_000})
     assert row["gbps"] == pytest.approx(800.0) and row["tflops"] == pytest.approx(2 * 64 * 4096 * 4096 / 1e7)
