@@ -1,7 +1,7 @@
 """Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
 those tiles with and without two-CTA clusters sharing weight stages.
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster]"""
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide]"""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
                       dict(block_m=160, raster="n_major")],  # {}: the heuristics' own
             "cluster": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, cluster=True),
                         dict(block_m=192, raster="n_major"), dict(block_m=192, cluster=True)],
+            # int8 x int8 channel tiles above 192 tokens (one set of s32 sums), e.g. `a8_sweep.py w8a8-int8-channel
+            # 4096,8192 wide`
+            "wide": [dict(), dict(block_m=224), dict(block_m=256), dict(block_m=256, raster="n_major")],
             # two-CTA clusters along N sharing activation stages (panels), banded and plain
             "acluster": [dict(), dict(block_m=192, acluster=True), dict(block_m=192, raster="n_major", acluster=True),
                          dict(block_m=128, acluster=True)]}[

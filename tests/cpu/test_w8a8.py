@@ -464,3 +464,24 @@ def test_activation_multicast_refusals_name_the_field(change: dict, needle: str)
     moe = LayerConfig(n=512, k=7168, scheme="w8a8-fp8-channel", num_experts=8)
     with pytest.raises(ComposeError, match="clusters serve dense layers"):
         compose(moe, ComputeConfig(gemm="indexed"), attrs.evolve(t, raster="n_major"), get_target("sm_90a"))
+
+
+def test_int8_tiles_above_192_tokens_only_without_promotion() -> None:
+    """int8 x int8 with channel scales sums K in one set of s32 registers (block_m / 2 per thread), so 224- and
+    256-token tiles compile without spills; every layer that promotes partial sums (fp8, group scales) is refused."""
+    from humming_gen.pipelines.warp_specialized.heuristics import deepest
+
+    tgt = get_target("sm_90a")
+    plans = []
+    for bm in (224, 256):
+        layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
+        t = attrs.evolve(choose_tunings(layer, tgt, stored=False).for_m(10 ** 6), block_m=bm)
+        plans.append(compose(layer, ComputeConfig(), deepest(layer, tgt, {f: v for f, v in t.to_dict().items()
+                                                                          if f != "stages"}), tgt))
+    for kernel in build_many(plans):
+        assert_no_spills(kernel, kernel.name)
+    for scheme in ("w8a8-fp8-channel", "w4a8-int4-g128-int8", "w8a8-fp8-block128"):
+        layer = LayerConfig(n=8192, k=8192, scheme=scheme)
+        t = attrs.evolve(choose_tunings(layer, tgt, stored=False).for_m(10 ** 6), block_m=256, stages=3)
+        with pytest.raises(ComposeError, match="above 192 tokens only for int8"):
+            compose(layer, ComputeConfig(), t, tgt)

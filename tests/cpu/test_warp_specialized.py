@@ -136,7 +136,8 @@ def test_refusals_name_the_reason() -> None:
     assert "split_k" in str(e.value) or tuning.split_k == 1
     a8_tuning = choose_tunings(a8, SM90).for_m(1024)
     assert a8_tuning.pipeline == "warp_specialized" and a8_tuning.block_n == 128
-    for field, value, needle in (("block_m", 200, "up to 192 tokens"), ("split_k", 100, "exceeds the"),
+    for field, value, needle in (("block_m", 200, "above 192 tokens only for int8"),
+                                 ("split_k", 100, "exceeds the"),
                                  ("block_k", 64, "128 or 256"), ("block_k", 256, "one 128-k panel per stage")):
         with pytest.raises(ComposeError, match=needle):
             compose(a8, ComputeConfig(), TuningConfig(**{**a8_tuning.to_dict(), field: value}), SM90)

@@ -67,6 +67,9 @@ PRODUCER_REGISTERS = 40
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
+# int8 x int8 with channel scales keeps one set of s32 sums over the whole of K (no promotion): block_m / 2 registers,
+# so wgmma's widest N fits (256 tokens: no spills, 4 stages; opt-in, unmeasured)
+MAX_BLOCK_M_UNPROMOTED = 256
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 
 
@@ -185,9 +188,10 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
         reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block")
     if (t.warps_m, t.warps_n, t.warps_k) != (1, 4 * WARPGROUPS, 1):
         reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: two consumer warpgroups, warps 1x8x1")
-    if t.block_m not in WGMMA_N or t.block_m > MAX_BLOCK_M:
+    if t.block_m not in WGMMA_N or t.block_m > MAX_BLOCK_M_UNPROMOTED:
         reasons.append(f"tuning.block_m={t.block_m}: a multiple of 8 up to {MAX_BLOCK_M} tokens (fp32 accumulators "
-                       f"and partial sums of the wgmma N dimension share a consumer thread's registers)")
+                       f"and partial sums of the wgmma N dimension share a consumer thread's registers; "
+                       f"{MAX_BLOCK_M_UNPROMOTED} for int8 without promotion)")
     if t.block_k not in (128, 256):
         reasons.append(f"tuning.block_k={t.block_k}: 128 or 256 (one or two 128-byte swizzle panels of 8-bit codes)")
     if t.raster not in ("n_major", "m_band"):
@@ -273,6 +277,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     fold = layer.fold_scales
     agroups = standard_a8.activation_group_k(layer) is not None
     integer = a.dtype.name == "int8"
+    if t.block_m > MAX_BLOCK_M and not (integer and not wgroups and not agroups and exact_k(layer)):
+        raise compose_error([f"tuning.block_m={t.block_m}: above {MAX_BLOCK_M} tokens only for int8 x int8 with "
+                             f"channel or tensor scales and K <= 2^16 (one set of s32 sums, no promotion); this "
+                             f"layer promotes partial sums ({a.dtype.name} activations, weight groups {wgroups}, "
+                             f"activation groups {agroups})"])
 
     numeric: list[Component] = []
     if order == "int8":
