@@ -14,6 +14,7 @@ from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYP
                                         OUTPUT_SCALE,
                                         ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.config.tuning import PANEL_LOADS
 import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
@@ -63,7 +64,7 @@ class Kernel:
     def activation_layout(self) -> str:
         """How the kernel reads its activation codes: "panels" (TuningConfig.a_load='tma' or 'tma_multicast': quantize with
         quantize_activation(x, scheme, layout="panels")), else "rows"."""
-        return "panels" if self.plan.tuning.a_load in ("tma", "tma_multicast") else "rows"
+        return "panels" if self.plan.tuning.a_load in PANEL_LOADS else "rows"
 
     @property
     def resources(self) -> dict:

@@ -163,9 +163,9 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     if layout not in LAYOUTS:
         raise ValueError(f"quantize_activation: layout is {layout!r}; allowed: {LAYOUTS}")
     panels = layout == "panels"
-    if panels and panel_layout_problem(activation_scheme, tuple(x.shape)):
-        raise ValueError(f"quantize_activation: layout='panels': "
-                         f"{panel_layout_problem(activation_scheme, tuple(x.shape))}")
+    problem = panel_layout_problem(activation_scheme, tuple(x.shape)) if panels else None
+    if problem:
+        raise ValueError(f"quantize_activation: layout='panels': {problem}")
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]
@@ -253,7 +253,7 @@ class RowQuantizer:
             self.kernel, self.rows_per_cta = plan.rows_kernel(k)
             self.threads_per_row = 0
         self.scale_dtype = plan.scale_torch  # the scales' raw bits as quantize_activation returns them
-        scale_size = torch.empty((), dtype=plan.scale_torch).element_size()
+        scale_size = plan.scale_torch.itemsize
         self.scale_bytes = 0 if static_scale is not None else groups * scale_size
         self.keep = None
         if static_scale is not None:

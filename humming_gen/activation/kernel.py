@@ -12,9 +12,6 @@ at most a warp (`quantize_group_lanes`), else one thread per group (`quantize_gr
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import re
 import struct
 
 import attrs
@@ -60,7 +57,7 @@ def scheme_problems(scheme: ActivationScheme) -> list[str]:
 
 
 @attrs.frozen
-class QuantizeConfig:
+class QuantizeConfig(standalone.StandaloneConfig):
     """What one activation-quantization kernel does.
 
     wide: 16-byte loads (the caller checked that K, the row stride and the pointer are multiples of 16 bytes);
@@ -170,9 +167,6 @@ class QuantizeConfig:
                 out[name] = True
         return out
 
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
     def summary(self) -> str:
         s = self.scheme
         gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
@@ -198,7 +192,7 @@ class QuantizeConfig:
         name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}{'_p' if self.panels else ''}_" \
                f"{s.scale_dtype.name}_" \
                f"{self.input_dtype}_{self.target.name}"
-        return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
+        return self.named(name)
 
 
 def components(cfg: QuantizeConfig) -> list:

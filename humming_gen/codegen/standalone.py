@@ -5,10 +5,25 @@ shares."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
 from typing import Any, Sequence
+
+class StandaloneConfig:
+    """What every standalone family's config shares: the cache key (a hash of `to_dict()`) and the kernel name
+    made of its readable parts and that key."""
+
+    __slots__ = ()
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def named(self, readable: str) -> str:
+        """`readable` as a C identifier, then 8 characters of the key (configs that read alike stay apart)."""
+        return re.sub(r"[^A-Za-z0-9_]", "_", readable) + "_" + self.key()[:8]
+
 
 CTYPE_FORMAT = {"const void*": "Q", "void*": "Q", "unsigned char*": "Q", "const float*": "Q", "float*": "Q",
                 "int*": "Q", "const int*": "Q", "long long": "q", "int": "i"}

@@ -30,6 +30,9 @@ LOADS = ("cp_async", "tma", "tma_multicast")
 # a_load only: the standard pipeline's 8-bit-activation kernels read the 16-bit activations and quantize them per
 # token in their loader (no separate quantize kernel; pipelines.standard.compose_a8)
 A_LOADS = LOADS + ("quantize",)
+# a_load values of the 8-bit warp-specialized kernels that read activation codes in the panels layout
+# (quantize_activation(layout="panels")): one bulk copy per stage, or half of it multicast into a cluster pair
+PANEL_LOADS = ("tma", "tma_multicast")
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
 # Where the MMA reads the weights from: "registers" (mma.sync, and wgmma's register A operand: each warp loads its
 # fragments), or "shared" (wgmma's shared-memory A operand through a descriptor: the 8-bit warp-specialized kernels

@@ -134,6 +134,8 @@ class QuantLinear(torch.nn.Module):
         #: per bucket: its kernel reads x and quantizes it in its loader (TuningConfig.a_load='quantize'), so
         #: forward launches it on x alone (no quantize_activation kernel, no codes or scales allocated)
         self.quantizes_in_gemm = [t.a_load == "quantize" for _, t in self.tunings.buckets]
+        # per bucket: the layout its kernel reads activation codes in ("rows", or "panels": Kernel.activation_layout)
+        self._code_layouts = [kernel.activation_layout for _, kernel in self._buckets]
         # the eager quantize launches bound to this layer (humming_gen.activation.api.RowQuantizer), per codes layout
         # its buckets read ("rows", "panels"), made on the first quantized call of each (None: the scheme needs
         # quantize_activation's general path)
@@ -265,7 +267,7 @@ class QuantLinear(torch.nn.Module):
         overlaps it) and run the GEMM on the codes; or, for the buckets whose kernel quantizes in its loader
         (quantize_in_gemm=True), run that kernel on x."""
         m = c.shape[0]
-        for (m_max, launcher), fused in zip(self._launchers, self.quantizes_in_gemm):
+        for (m_max, launcher), fused, layout in zip(self._launchers, self.quantizes_in_gemm, self._code_layouts):
             if m_max is None or m <= m_max:
                 break
         if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
@@ -275,7 +277,6 @@ class QuantLinear(torch.nn.Module):
         a = _as_rows(x, k)
         if a is None:
             a = x.reshape(-1, k).contiguous()
-        layout = launcher.kernel.activation_layout
         quantizer = self._row_quantizers.get(layout, False)
         if quantizer is False:  # first quantized call: bind the launch where one kernel serves the scheme
             from humming_gen.activation.api import RowQuantizer

@@ -14,9 +14,6 @@ E, block_m and numel are kernel arguments: one compiled kernel serves every laye
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import re
 import struct
 from typing import Any, ClassVar
 
@@ -38,7 +35,7 @@ VERSION = "0.1.0"
 
 
 @attrs.frozen
-class AlignConfig:
+class AlignConfig(standalone.StandaloneConfig):
     """One routing kernel: its kind, the dtype of topk_ids, of expert_map (None: no map) and the target."""
 
     kind: str
@@ -73,9 +70,6 @@ class AlignConfig:
         return {"kind": self.kind, "id_dtype": self.id_dtype, "map_dtype": self.map_dtype,
                 "target": self.target.name}
 
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
     def summary(self) -> str:
         return (f"moe_align kind={self.kind} threads={self.threads} topk_ids={self.id_dtype} "
                 f"expert_map={self.map_dtype or 'none'} pdl={'yes' if self.pdl else 'no'}")
@@ -83,7 +77,7 @@ class AlignConfig:
     @property
     def kernel_name(self) -> str:
         name = f"moe_align_{self.kind}_{self.id_dtype}_map{self.map_dtype or 'none'}_{self.target.name}"
-        return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
+        return self.named(name)
 
 
 @attrs.frozen

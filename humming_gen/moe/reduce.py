@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import json
-import re
 import struct
 from typing import ClassVar
 
@@ -41,7 +38,7 @@ _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @attrs.frozen
-class ReduceConfig:
+class ReduceConfig(standalone.StandaloneConfig):
     """One top-k reduction kernel: the dtype of GEMM2's rows and of the output (the layer's), and the target."""
 
     dtype: str
@@ -60,9 +57,6 @@ class ReduceConfig:
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "target": self.target.name}
 
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
     def summary(self) -> str:
         return (f"moe_topk_reduce {self.dtype} -> fp32 sum -> {self.dtype} threads={THREADS} "
                 f"accumulators={TOPK_SUM_ACCUMULATORS} pdl={'yes' if self.pdl else 'no'}")
@@ -70,7 +64,7 @@ class ReduceConfig:
     @property
     def kernel_name(self) -> str:
         name = f"moe_topk_reduce_{self.dtype}_{self.target.name}"
-        return re.sub(r"[^A-Za-z0-9_]", "_", name) + "_" + self.key()[:8]
+        return self.named(name)
 
 
 @attrs.frozen

@@ -22,6 +22,31 @@ SM90 = get_target("sm_90a")
 PRELUDE = "#include <cstdio>\n#define __device__\n#define __forceinline__ inline\n"
 
 
+def _schedule_units(plan, tmp_path, fields: str, call: str = "unit_coord(i)"):
+    """The plan's schedule template compiled for the host with its constants: a function of m giving unit_count(m)
+    and each unit's `fields` (C expressions of `u`, a TileCoord from `call`)."""
+    schedule = next(c for c in plan.components if c.family == "schedule")
+    body = environment().get_template(schedule.template).render(**schedule.context())
+    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
+    printf = "printf(\"" + " ".join(["%d"] * len(fields.split(","))) + "\\n\", " + fields + ");"
+    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
+            "  printf(\"%d\\n\", unit_count(m));\n"
+            f"  for (int i = 0; i < unit_count(m); ++i) {{\n    const TileCoord u = {call};\n    {printf}\n  }}\n"
+            "  return 0;\n}\n")
+    src = tmp_path / "schedule.cpp"
+    src.write_text(PRELUDE + "#include <cstdlib>\n#include <algorithm>\nusing std::min;\nnamespace cfg {\n" + cfg
+                   + "}\n" + body + main)
+    exe = tmp_path / "schedule"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+
+    def units(m: int) -> tuple[int, list[tuple[int, ...]]]:
+        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
+        count = int(lines[0])
+        return count, [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+
+    return units
+
+
 def _plans():
     plans = []
     for n, k in ((8192, 8192), (576, 7168), (1001, 1000)):
@@ -34,25 +59,13 @@ def _plans():
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 @pytest.mark.parametrize("plan", _plans(), ids=lambda p: p.kernel_name)
 def test_units_cover_every_tile_and_k_slice_once(plan, tmp_path) -> None:
-    schedule = next(c for c in plan.components if c.family == "schedule")
-    body = environment().get_template(schedule.template).render(**schedule.context())
-    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
     split = plan.tuning.split_k
     fields = "u.n0, u.m0, u.kt_begin, u.kt_end" + (", u.split, u.tile" if split > 1 else ", 0, 0")
-    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
-            "  printf(\"%d\\n\", unit_count(m));\n"
-            "  for (int i = 0; i < unit_count(m); ++i) {\n    const TileCoord u = unit_coord(i);\n"
-            f"    printf(\"%d %d %d %d %d %d\\n\", {fields});\n  }}\n  return 0;\n}}\n")
-    src = tmp_path / "schedule.cpp"
-    src.write_text(PRELUDE + "#include <cstdlib>\nnamespace cfg {\n" + cfg + "}\n" + body + main)
-    exe = tmp_path / "schedule"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    units_of = _schedule_units(plan, tmp_path, fields)
     c = {name: value for name, value, _ in plan.constants}
     block_m, block_n, k_tiles = c["kBlockM"], c["kBlockN"], c["kKTiles"]
     for m in (1, 63, 64, 65, 700, 4096):
-        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
-        count = int(lines[0])
-        units = [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+        count, units = units_of(m)
         m_tiles = -(-m // block_m)
         assert count == c["kNTiles"] * m_tiles * split == plan.launch.units(m)
         assert plan.grid(m)[0] <= count
@@ -91,22 +104,11 @@ def test_cluster_pairs_share_an_n_tile_and_cover_every_tile_once(plan, tmp_path)
     covered once, and only the last pair's second tile may lie past m."""
     schedule = next(c for c in plan.components if c.family == "schedule")
     assert schedule.cluster_m == 2 and plan.launch.cluster == (2, 1, 1)
-    body = environment().get_template(schedule.template).render(**schedule.context())
-    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
-    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
-            "  printf(\"%d\\n\", unit_count(m));\n"
-            "  for (int i = 0; i < unit_count(m); ++i) {\n    const TileCoord u = unit_coord(i);\n"
-            "    printf(\"%d %d %d %d\\n\", u.n0, u.m0, u.kt_begin, u.kt_end);\n  }\n  return 0;\n}\n")
-    src = tmp_path / "schedule.cpp"
-    src.write_text(PRELUDE + "#include <cstdlib>\nnamespace cfg {\n" + cfg + "}\n" + body + main)
-    exe = tmp_path / "schedule"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    units_of = _schedule_units(plan, tmp_path, "u.n0, u.m0, u.kt_begin, u.kt_end")
     c = {name: value for name, value, _ in plan.constants}
     block_m, block_n = c["kBlockM"], c["kBlockN"]
     for m in (1, 127, 128, 129, 300, 700, 4096):
-        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
-        count = int(lines[0])
-        units = [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+        count, units = units_of(m)
         m_tiles = -(-m // block_m)
         assert count == c["kNTiles"] * 2 * -(-m_tiles // 2) == plan.launch.units(m)
         grid = plan.grid(m)[0]
@@ -143,25 +145,13 @@ def test_activation_cluster_pairs_share_an_m_tile_and_cover_every_tile_once(plan
     schedule = next(c for c in plan.components if c.family == "schedule")
     assert schedule.cluster_n == 2 and plan.launch.cluster == (2, 1, 1)
     banded = plan.tuning.raster == "m_band"
-    body = environment().get_template(schedule.template).render(**schedule.context())
-    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
-    call = "unit_coord(i, m)" if banded else "unit_coord(i)"
-    main = ("int main(int argc, char** argv) {\n  const int m = atoi(argv[1]);\n"
-            "  printf(\"%d\\n\", unit_count(m));\n"
-            f"  for (int i = 0; i < unit_count(m); ++i) {{\n    const TileCoord u = {call};\n"
-            "    printf(\"%d %d %d %d\\n\", u.n0, u.m0, u.kt_begin, u.kt_end);\n  }\n  return 0;\n}\n")
-    src = tmp_path / "schedule.cpp"
-    src.write_text(PRELUDE + "#include <cstdlib>\n#include <algorithm>\nusing std::min;\nnamespace cfg {\n" + cfg
-                   + "}\n" + body + main)
-    exe = tmp_path / "schedule"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    units_of = _schedule_units(plan, tmp_path, "u.n0, u.m0, u.kt_begin, u.kt_end",
+                               "unit_coord(i, m)" if banded else "unit_coord(i)")
     c = {name: value for name, value, _ in plan.constants}
     block_m, block_n = c["kBlockM"], c["kBlockN"]
     assert c["kNTiles"] % 2 == 0
     for m in (1, 127, 128, 129, 300, 700, 1100, 4096):
-        lines = subprocess.run([str(exe), str(m)], check=True, capture_output=True, text=True).stdout.split("\n")
-        count = int(lines[0])
-        units = [tuple(int(v) for v in line.split()) for line in lines[1:count + 1]]
+        count, units = units_of(m)
         m_tiles = -(-m // block_m)
         assert count == c["kNTiles"] * m_tiles == plan.launch.units(m)
         grid = plan.grid(m)[0]

@@ -41,7 +41,7 @@ from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import PersistentSchedule
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.config.tuning import BAND_M
+from humming_gen.config.tuning import BAND_M, PANEL_LOADS
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constants_table, has_out_scale, kernel_name,
                                           missing_features, missing_symbols, padded_k, split_k_constants,
@@ -261,7 +261,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
     shared_weights = t.b_operand == "shared"
     reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
-    a_bulk = t.a_load in ("tma", "tma_multicast")
+    a_bulk = t.a_load in PANEL_LOADS
     reasons += panels_reasons(layer, compute, t) if a_bulk else []
     if moe and t.cluster_m * t.cluster_n > 1:
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n}: MoE units of one expert are not paired; "
