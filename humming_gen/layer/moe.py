@@ -122,7 +122,7 @@ class QuantMoE(torch.nn.Module):
     (ValueError where it cannot serve them).
     split_k: below one row per expert a small batch's few m blocks leave most SMs idle, so a first bucket (bound
     A_s / E rows per expert, a Fraction) splits K in the standard pipeline's GEMMs (None, the default:
-    pipelines.standard.heuristics.moe_split_bucket; unmeasured on a GPU); 1 never splits; n > 1 splits every
+    pipelines.standard.heuristics.moe_split_bucket, where its table is); 1 never splits; n > 1 splits every
     standard-pipeline bucket n ways (at most a GEMM's k tiles; for tests and measurements: an open-ended bucket's
     split-K scratch then grows with the batch, so warm it up at the largest M before a CUDA graph capture).
     fused_activation: GEMM1 applies the gated activation in its epilogue (w13 and `bias13` kept with gate and up

@@ -54,8 +54,13 @@ def _layer(preset: str, e: int, *, seed: int, pipeline: str | None, **kwargs):
     pipelines = [g.kernel.plan.pipeline for pair in moe._launchers for g in pair]
     if pipeline is not None:  # forced onto every bucket
         assert set(pipelines) == {pipeline}, preset
-    else:  # the standard pipeline's two smallest buckets, then the warp-specialized ones
-        assert pipelines == ["standard"] * 4 + ["warp_specialized"] * 4, (preset, pipelines)
+    else:  # a split-K first bucket where the heuristic splits (standard), the standard pipeline's two smallest
+        # unsplit buckets, then the warp-specialized ones
+        split = [any(k > 1 for k in pair) for pair in moe.split_ks]
+        assert split == sorted(split, reverse=True), (preset, moe.split_ks)
+        assert pipelines[: 2 * sum(split)] == ["standard"] * 2 * sum(split), (preset, pipelines)
+        unsplit = pipelines[2 * sum(split):]
+        assert unsplit == ["standard"] * 4 + ["warp_specialized"] * 4, (preset, pipelines, moe.split_ks)
     return moe, q13, q2, b13, b2
 
 

@@ -35,9 +35,21 @@ A8_BUCKETS = BUCKETS[:4] + ((256, 64, 2, 2, 4, 1), (None, 128, 4, 1, 4, 1))
 
 def _fits(layer: LayerConfig, target: Target, fields: dict, stages: int, ctas: int) -> bool:
     """Whether `ctas` CTAs of this tuning with a `stages`-deep ring fit an SM (compose's own sizing)."""
-    smem = shared_memory(layer, TuningConfig(**{**fields, "stages": stages, "ctas_per_sm": ctas})).total
+    return _tuning_fits(layer, target, TuningConfig(**{**fields, "stages": stages, "ctas_per_sm": ctas}))
+
+
+def _tuning_fits(layer: LayerConfig, target: Target, tuning: TuningConfig) -> bool:
+    smem = shared_memory(layer, tuning).total
     return (smem <= target.smem_per_block_optin
-            and ctas * (smem + SMEM_PER_CTA_RESERVED) <= target.smem_per_sm)
+            and tuning.ctas_per_sm * (smem + SMEM_PER_CTA_RESERVED) <= target.smem_per_sm)
+
+
+def slice_stages(layer: LayerConfig, block_k: int, split_k: int) -> int:
+    """The most stages worth a ring: the k tiles one k slice walks (at least 2). Deeper rings only take shared
+    memory, which keeps other CTAs off the SM. H200, DeepSeek down GEMM (K = 256: one k tile) at M = 1
+    (bench/moe_split_probe.py): W4A16 2 CTAs of 3 stages 8.0 us, of 2 stages 6.4; fp8 block128 1 CTA of 4 stages
+    14.0, of 2 stages 10.4; fp8 channel 20.4 and 13.6."""
+    return max(2, math.ceil(math.ceil(layer.k / block_k) / split_k))
 
 
 def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int, ctas_per_sm: int) -> int:
@@ -88,6 +100,7 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
         m_blocks = 1 if m_max is None or m_max <= block_m else math.ceil(m_max / block_m)
         split = (_split_k(geometry, target, n_blocks * m_blocks, block_k, ctas) if m_max is not None and m_max <= 64
                  else 1)
+        stages = min(stages, slice_stages(geometry, block_k, 1))  # (MoE buckets drop the split: K's own k tiles)
         fields = dict(tile(), stages=stages, split_k=split, ctas_per_sm=ctas)
         if layer.scheme.activation is not None:
             fields["mma"] = mma_of(layer)
@@ -96,7 +109,7 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
     return TuningPlan(tuple(buckets))
 
 
-# MoE split-K (issue 11). UNMEASURED: the rule below is reasoned, not yet timed on a GPU.
+# MoE split-K (issue 11).
 # A batch of A = M * top_k assignments with A <= E (at most one row per expert on average) has, in the worst-case
 # routing (every assignment its own expert), A m blocks, and an indexed GEMM of n_tiles n tiles launches A * n_tiles
 # CTAs, each streaming its expert's block_n weight rows over all of K. DeepSeek-V3 per rank (TP8) gate-up, N = 512,
@@ -108,6 +121,23 @@ def choose_tunings(layer: LayerConfig, target: Target, **overrides) -> TuningPla
 # fill less. DeepSeek-V3 TP8 W4A16 on sm_90a: A_s = 16 (M <= 2 at top-8), gate-up split 4 (M = 1: 128 CTAs, M = 2:
 # 256 of 264 slots), down (N = 7168: 56 n tiles, K = 256: one k tile) unsplit.
 MOE_SPLIT_BUSY = 0.5
+# The split bucket runs two CTAs of 3 stages per SM (_split_bucket_ctas), so the rule above fills 2 x 132 slots. H200,
+# DeepSeek gate-up GEMM (E = 64 of these shapes, 4 layers rotated, bench/moe_split_probe.py, us per GEMM without the
+# activation quantization), (split, CTAs per SM, stages) at M = 1 / 2:
+#   fp8 block128: (2, 1, 4) 22.0 / 25.6, (4, 1, 4) 17.2 / 28.8, (4, 2, 3) 17.2 / 21.6, (7, 2, 3) 16.0 / 25.2
+#   fp8 channel:  (2, 1, 4) 17.6 / 22.8, (4, 2, 3) 17.6 / 22.0
+#   W4A8 MXFP4:   (4, 2, 3) 17.6 / 18.8, (7, 2, 3) 14.8 / 22.4;  W4A16 int4 g128: (4, 2, 3) 13.2 / 16.0
+MOE_SPLIT_STAGES = 3
+
+
+def _split_bucket_ctas(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
+    """Two CTAs per SM of up to MOE_SPLIT_STAGES stages for the split bucket, where they fit (8-bit codes' single CTA
+    was measured on a dense GEMV, whose 64 n tiles fill the SMs)."""
+    if tuning.ctas_per_sm > 1:
+        return tuning
+    stages = max([s for s in range(2, MOE_SPLIT_STAGES + 1)
+                  if _tuning_fits(layer, target, attrs.evolve(tuning, stages=s, ctas_per_sm=2))], default=0)
+    return attrs.evolve(tuning, ctas_per_sm=2, stages=stages) if stages >= MOE_SPLIT_STAGES else tuning
 
 
 def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],
@@ -120,8 +150,11 @@ def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],
     bound = min(experts, max(int(MOE_SPLIT_BUSY * target.sm_count) // n for n in n_tiles))
     if bound < 1:
         return None
-    split = [attrs.evolve(t, split_k=_split_k(layer, target, bound * n, t.block_k, t.ctas_per_sm))
-             for layer, t, n in zip(layers, tunings, n_tiles)]
+    split = []
+    for layer, t, n in zip(layers, tunings, n_tiles):
+        t = _split_bucket_ctas(layer, target, t)
+        k = _split_k(layer, target, bound * n, t.block_k, t.ctas_per_sm)
+        split.append(attrs.evolve(t, split_k=k, stages=min(t.stages, slice_stages(layer, t.block_k, k))))
     if all(t.split_k == 1 for t in split):
         return None
     return Fraction(bound, experts), split
