@@ -1,7 +1,8 @@
 """Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
-those tiles with and without two-CTA clusters sharing weight stages.
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide]"""
+those tiles with and without two-CTA clusters sharing weight stages; or ("overlap") the promoted partial sums in two
+token halves (compose_a8.OVERLAP_PROMOTION, the default) against one set promoted after every wgmma has retired.
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap]"""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import TuningPlan
+from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, deepest, weight_multicast
 from humming_gen.targets import Target
 
@@ -31,7 +33,8 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
             "wide": [dict(), dict(block_m=224), dict(block_m=256), dict(block_m=256, raster="n_major")],
             # two-CTA clusters along N sharing activation stages (panels), banded and plain
             "acluster": [dict(), dict(block_m=192, acluster=True), dict(block_m=192, raster="n_major", acluster=True),
-                         dict(block_m=128, acluster=True)]}[
+                         dict(block_m=128, acluster=True)],
+            "overlap": [dict(), dict(overlap=False), dict(block_m=128), dict(block_m=128, overlap=False)]}[
     sys.argv[3] if len(sys.argv) > 3 else "tiles"]
 torch.manual_seed(0)
 n = k = 8192
@@ -45,17 +48,20 @@ for name in presets:
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
-            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster")}
+            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap")}
             t = attrs.evolve(base, **fields)
             t = weight_multicast(t) if v.get("cluster") else t
             t = activation_multicast(t) if v.get("acluster") else t
             if v:  # as many stages as shared memory holds
                 fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
                 t = deepest(layer, target, fields)
+            compose_a8.OVERLAP_PROMOTION = v.get("overlap", True)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1]}", flush=True)
+            finally:
+                compose_a8.OVERLAP_PROMOTION = True
         times: dict[int, list[float]] = {i: [] for i in range(len(built))}
         for _ in range(2):  # rounds alternate the candidates
             for i, (_, layers) in enumerate(built):

@@ -3,7 +3,7 @@ points, bias, odd shapes, group sizes that are not multiples of 16, and the warp
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
 persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
-stages, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
+stages, group-32 activation scales, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
 also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import sys
@@ -28,7 +28,11 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          ("w8a8-fp8-block128", 1000, 1536, True, (3, 200)), ("w8a8-int8-channel", 1024, 2000, False, (700,)),
          ("w4a8-mxfp4-fp8", 576, 2048, True, (150,)), ("w4a8-int4-g128-int8", 4096, 1024, False, (300,)),
          # codes in the panels layout by one bulk copy and no producer cp.async (full barrier of one arrival)
-         ("w8a8-fp8-channel", 1024, 2048, False, (5, 700))]
+         ("w8a8-fp8-channel", 1024, 2048, False, (5, 700)),
+         # group-32 fp8 activation scales staged with the codes: four promotion groups a stage, in two token halves
+         (dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0",
+               activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32)), 576, 1024, True,
+          (300,))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
 
 worst = 0.0

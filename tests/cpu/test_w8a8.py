@@ -153,8 +153,9 @@ def test_rendered_source_holds_only_the_8bit_path() -> None:
 
 
 def test_warp_specialized_8bit_source() -> None:
-    """wgmma k32 on the weights' registers as loaded; fp8 partial sums promoted every stage, s32 ones once per tile;
-    channel x token scales in the epilogue, block scales at promotion."""
+    """wgmma k32 on the weights' registers as loaded; fp8 partial sums promoted every stage, in two token halves of
+    their own wgmmas (one promoted while the other's run), s32 ones once per tile; channel x token scales in the
+    epilogue, block scales at promotion."""
     fp8 = _source("w8a8-fp8-channel", m=1000)
     int8 = _source("w8a8-int8-channel", m=1000)
     block = _source("w8a8-fp8-block128", m=1000, has_bias=True)
@@ -163,14 +164,15 @@ def test_warp_specialized_8bit_source() -> None:
         assert "consume<1>(p, ring, units)" in src and "setmaxnreg" in src
         for gone in ("dequant_pair", "extract_code_pair", "mma_m16n8k32", "mma.sync.aligned", "k16("):
             assert gone not in src, gone
-    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in fp8
+    assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in fp8  # 128 tokens: two halves
+    assert "m64n128k32" not in fp8 and "wgmma_wait<1>();  // half 0 of group pg has retired" in fp8
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in int8
-    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[j][i];" in fp8
+    assert "kPromoteSteps = 4;" in fp8 and "acc[0][j][i] += part[1][jj][i];" in fp8
     # whole tiles leave through the warps' staging (stmatrix.trans, then 16-byte stores), channel x token scales
     assert "acc[nt][mt][0] * scales[nt][0] * token_scales[mc][0]" in fp8 and "stmatrix_x2_trans(staging + " in fp8
     assert "*reinterpret_cast<uint4*>(dst) = v;" in fp8 and "kStagingBytes = 2048;" in fp8
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in int8 and "acc[0][j][i] +=" not in int8
-    assert "acc[0][j][i] += part[j][i] * a_scale[i % 2];" in block and "a_scale[m]" not in block
+    assert "acc[0][j][i] += part[0][jj][i] * a_scale[i % 2];" in block and "a_scale[m]" not in block
     assert "const float a_scale[2] = {pair.x * w_scale, pair.y * w_scale};" in block  # the tile's block scale
     assert "kPromoteSteps = 1;" in mxfp4 and "nibbles_to_a8(v.x, frag[0], frag[1])" in mxfp4
 
@@ -274,7 +276,7 @@ def test_group_int8_and_e5m2_activations_compile(scheme, target: str) -> None:
         assert kernel.resources["spill_store_bytes"] == 0, (m, kernel.resources)
     src = kernel.source
     if scheme is INT8_GROUP and target == "sm_90a":  # M = 1000: the warp-specialized kernel
-        assert "static_cast<float>(part[j][i]) * w_scale[i / 2] * a_scale[i % 2]" in src
+        assert "static_cast<float>(part[1][jj][i]) * w_scale[i / 2] * a_scale[i % 2]" in src
     elif scheme is INT8_GROUP:
         assert "static_cast<float>(acc_slice[nt][mt][i]) * w_scale[nt][i / 2] * a_scale[mt][i % 2]" in src
     else:
@@ -296,7 +298,7 @@ def test_int8_partial_sums_are_promoted_per_stage_past_64k() -> None:
     short = _source("w8a8-int8-channel", m=1000, n=256, k=1 << 16)
     long = _source("w8a8-int8-channel", m=1000, n=256, k=(1 << 16) + 256)
     assert "acc[0][j][i] = static_cast<float>(part[j][i]);" in short and "long_k" not in short
-    assert "acc[0][j][i] += static_cast<float>(part[j][i]);" in long and "long_k=True" in long
+    assert "acc[0][j][i] += static_cast<float>(part[1][jj][i]);" in long and "long_k=True" in long
 
 
 def test_activation_groups_that_do_not_tile_k_fall_back() -> None:

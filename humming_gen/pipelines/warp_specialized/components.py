@@ -253,6 +253,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     shared_weights: bool = option_field()
     # the activation codes come in the panels layout, a stage's tile by one bulk copy (ATilePanelsBulk)
     a_bulk: bool = option_field()
+    # promoted partial sums in two token halves, each promoted while the other's wgmmas run (m64n{block_m / 2}k32)
+    overlap: bool = option_field()
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -272,6 +274,11 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         return not self.a_bulk or self.staged_activation_scales
 
     @property
+    def mma_n(self) -> int:
+        """Tokens per wgmma: the tile's, or half of it where the promotion overlaps the other half's wgmmas."""
+        return self.block_m // 2 if self.overlap else self.block_m
+
+    @property
     def promote_in_loop(self) -> bool:
         """fp8 partial sums are promoted every kPromoteK (wgmma's fp8 accumulation is not full fp32); s32 ones only
         where group scales change along K, or K is long enough to overflow them."""
@@ -284,7 +291,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
-        needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.block_m}k32"}
+        needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.mma_n}k32"}
         needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
         needs |= {"a_stage_bytes"} if self.a_bulk else set()
@@ -313,4 +320,4 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
-                "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async}
+                "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap}

@@ -71,6 +71,10 @@ MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a 
 # so wgmma's widest N fits (256 tokens: no spills, 4 stages; opt-in, unmeasured)
 MAX_BLOCK_M_UNPROMOTED = 256
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
+# Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
+# consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle).
+# False renders the single-set loop (for measurements: bench/a8_sweep.py 'overlap').
+OVERLAP_PROMOTION = True
 
 
 @attrs.frozen
@@ -294,8 +298,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                                cluster_m=t.cluster_m)]
     if staged_activation_scales(layer):
         memory.append(ActivationScalesStage(gather=gather))
+    promoted = not integer or wgroups or agroups or not exact_k(layer)  # the skeleton's promote_in_loop
+    overlap = OVERLAP_PROMOTION and promoted and t.block_m % 16 == 0
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
-        weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=t.block_m)]
+        weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
+        n=t.block_m // 2 if overlap else t.block_m)]
     banded = t.raster == "m_band"
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
                                  PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1,
@@ -333,7 +340,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
-                                         a_bulk=a_bulk)
+                                         a_bulk=a_bulk, overlap=overlap)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
