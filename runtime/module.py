@@ -14,9 +14,6 @@ import attrs
 
 from humming_gen.runtime.compile import CompiledKernel
 
-#: Dynamic shared memory a kernel may use without opting in through a function attribute.
-DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
-
 _driver_module: Any = None
 _driver_initialised = False
 _state_lock = threading.RLock()
@@ -232,8 +229,10 @@ def load(compiled: CompiledKernel, dynamic_smem_bytes: int = 0) -> LoadedKernel:
                 f"kernel {name!r} needs {static} B static + {dynamic_smem_bytes} B dynamic shared memory = "
                 f"{static + dynamic_smem_bytes} B, above device {device}'s limit of {optin} B per block"
             )
+        # the default allowance is 48 KiB less the static arrays: a kernel with both can need the opt-in at or even
+        # below 48 KiB of dynamic memory
         current = _func_attribute(function, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
-        if dynamic_smem_bytes > DEFAULT_DYNAMIC_SMEM_BYTES and dynamic_smem_bytes > current:
+        if dynamic_smem_bytes > current:
             driver_call(
                 "cuFuncSetAttribute", function,
                 drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem_bytes,

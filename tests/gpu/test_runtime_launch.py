@@ -92,6 +92,24 @@ def test_module_is_loaded_once(compiled) -> None:
     assert second.max_dynamic_smem_bytes == DYN_SMEM  # the opt-in never shrinks for a shared function
 
 
+def test_48_kib_of_dynamic_beside_static_shared_memory_opts_in() -> None:
+    """48 KiB of dynamic shared memory beside 128 B of static arrays is above the driver's default allowance (48 KiB
+    less the static bytes): load() opts in (it once skipped the opt-in up to 48 KiB, and launch refused an MoE
+    kernel of exactly 48 KiB)."""
+    arch = _device_arch()
+    if arch is None:
+        pytest.skip(f"no target for compute capability {torch.cuda.get_device_capability()}")
+    dyn = 48 * 1024
+    kernel = load(compile_source(SOURCE.replace("fill(", "fill_48k("), "fill_48k", arch), dyn)
+    assert kernel.static_smem_bytes == 128 and kernel.max_dynamic_smem_bytes >= dyn
+    n = 500
+    out = torch.full((n,), float("nan"), device="cuda", dtype=torch.float32)  # poisoned
+    launch(kernel, (math.ceil(n / BLOCK[0]), 1, 1), BLOCK, dyn, struct.pack(PARAMS_FORMAT, out.data_ptr(), n, 0.25,
+                                                                          dyn // 4))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, _expected(n, 0.25), rtol=0, atol=0)
+
+
 def test_current_and_explicit_streams(compiled) -> None:
     kernel = load(compiled, DYN_SMEM)
     side = torch.cuda.Stream()
