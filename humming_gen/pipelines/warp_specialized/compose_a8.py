@@ -72,8 +72,9 @@ MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a 
 MAX_BLOCK_M_UNPROMOTED = 256
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
-# consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle).
-# False renders the single-set loop (for measurements: bench/a8_sweep.py 'overlap').
+# consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle),
+# where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
+# bench/a8_sweep.py 'overlap', bench/group32_case.py --variants).
 OVERLAP_PROMOTION = True
 
 
@@ -153,6 +154,23 @@ def consumer_registers() -> int:
 def promoted_weight_group_k(layer: LayerConfig) -> int | None:
     """K extent of the weight scale groups that multiply promoted partial sums: none where they fold."""
     return None if layer.fold_scales else standard_a8.weight_group_k(layer)
+
+
+def overlaps_promotion(layer: LayerConfig, tuning: TuningConfig) -> bool:
+    """Whether the promoted partial sums come in two token halves (OVERLAP_PROMOTION). Halves of 64 tokens or fewer
+    read register weights twice as often per token: where 4-bit weights are widened and promoted once a stage,
+    that costs more than the overlap saves. H200, M = 4096 (bench/a8_sweep.py overlap; bench/group32_case.py), us
+    overlapped / one set: fp8 channel 8192^2 192 tokens 500.5 / 518.3, 128 565.3 / 587.6; block128 708.5 / 786.9;
+    W4A8 MXFP4 192 550.8 / 574.8, 128 701.3 / 631.8 (and 151.7 / 139.8 at 3072 x 4096); group-32 activation
+    scales (four promotions a stage), 64 tokens: fp32 392.4 / 395.2, e8m0 729.0 / 1035.1."""
+    integer = layer.scheme.activation.dtype.name == "int8"
+    wgroups = promoted_weight_group_k(layer) is not None
+    agroups = standard_a8.activation_group_k(layer) is not None
+    if not (not integer or wgroups or agroups or not exact_k(layer)) or tuning.block_m % 16:
+        return False  # nothing promoted in the loop (the skeleton's promote_in_loop), or halves off wgmma's n step
+    once_a_stage = promote_k(layer, tuning.block_k) == tuning.block_k
+    nibbles = standard_a8.nibble_order(layer) is not None
+    return not (nibbles and once_a_stage and tuning.block_m < 192)
 
 
 def promote_k(layer: LayerConfig, block_k: int) -> int:
@@ -298,8 +316,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                                cluster_m=t.cluster_m)]
     if staged_activation_scales(layer):
         memory.append(ActivationScalesStage(gather=gather))
-    promoted = not integer or wgroups or agroups or not exact_k(layer)  # the skeleton's promote_in_loop
-    overlap = OVERLAP_PROMOTION and promoted and t.block_m % 16 == 0
+    overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
         weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
         n=t.block_m // 2 if overlap else t.block_m)]
