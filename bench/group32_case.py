@@ -1,7 +1,8 @@
 """Issue 10's group-32 case: MXFP4 weights at M = 4096 with fp8 activations per token, per group of 32 (fp32
 scales) and MXFP8 (e8m0 group-32 scales), beside cuBLAS bf16; CUDA-graph us per layer, the activation
 quantization included (canonical method: distinct layers rotated, median of replays). With --variants, each
-activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False) and with 128-token tiles."""
+activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False) and with 128-token tiles, and
+MXFP8 with its e8m0 scales staged with the codes (compose_a8.STAGE_E8M0_SCALES, opt-in), at 64 and 128 tokens."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from humming_gen.targets import Target
 ACTIVATIONS = {"fp8 per token": hg.ActivationScheme("float8e4m3", granularity="token"),
                "fp8 group-32": hg.ActivationScheme("float8e4m3", granularity="group", group_size=32),
                "MXFP8": hg.ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0")}
-VARIANTS = ({"": {}, " (one set)": {"overlap": False}, " t128": {"block_m": 128}} if "--variants" in sys.argv
-            else {"": {}})
+VARIANTS = ({"": {}, " (one set)": {"overlap": False}, " t128": {"block_m": 128},
+             " staged": {"stage_e8m0": True}, " staged t128": {"stage_e8m0": True, "block_m": 128}}
+            if "--variants" in sys.argv else {"": {}})
 M = 4096
 torch.manual_seed(0)
 target = Target.current()
@@ -32,6 +34,7 @@ target = Target.current()
 def build(qws, variant: dict) -> list:
     """QuantLinears of `qws`: the heuristics' tunings, or their open-ended bucket's with `variant` applied."""
     compose_a8.OVERLAP_PROMOTION = variant.get("overlap", True)
+    compose_a8.STAGE_E8M0_SCALES = variant.get("stage_e8m0", False)
     try:
         if "block_m" not in variant:
             return [hg.QuantLinear.from_quantized(q) for q in qws]
@@ -42,10 +45,15 @@ def build(qws, variant: dict) -> list:
         tuning = deepest(plan.layer, target, fields)
         return [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, tuning),))) for q in qws]
     finally:
-        compose_a8.OVERLAP_PROMOTION = True
+        compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES = True, False
 
 
-names = [a + v for a in ACTIVATIONS for v in VARIANTS]
+def applies(act: hg.ActivationScheme, variant: dict) -> bool:
+    """Staging e8m0 scales changes MXFP8's kernels only."""
+    return "stage_e8m0" not in variant or act.scale_dtype.name == "float8e8m0"
+
+
+names = [a + v for a, act in ACTIVATIONS.items() for v, variant in VARIANTS.items() if applies(act, variant)]
 print("| N x K | cuBLAS bf16 | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
 for n, k in ((3072, 4096), (14336, 4096)):
     x = torch.randn(M, k, device="cuda").bfloat16()
@@ -58,6 +66,8 @@ for n, k in ((3072, 4096), (14336, 4096)):
         qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
         ref = reference_gemm(x[:64].double(), qws[0])
         for variant in VARIANTS.values():
+            if not applies(act, variant):
+                continue
             try:
                 layers = build(qws, variant)
             except Exception as e:  # a variant that does not compose (say, spills) is reported, not timed

@@ -67,6 +67,13 @@ class Kernel:
         return "panels" if self.plan.tuning.a_load in PANEL_LOADS else "rows"
 
     @property
+    def a_scale_alignment(self) -> int:
+        """Bytes the activation scales' address must be a multiple of: 4 where e8m0 scales are staged by 4-byte
+        cp.asyncs (a token's groups of a stage), else their element size suffices."""
+        return 4 if any(getattr(c, "e8m0", False) and "load_activation_scales_stage" in c.provides
+                        for c in self.plan.components) else 1
+
+    @property
     def resources(self) -> dict:
         """ptxas figures (registers, spills, ...) of the entry function."""
         if self.compiled is None:
@@ -125,7 +132,7 @@ class Launcher:
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
                  "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",
-                 "_routing_slots", "_grids", "_panels")
+                 "_a_scale_alignment", "_routing_slots", "_grids", "_panels")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
@@ -146,6 +153,7 @@ class Launcher:
         if missing:
             raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
         self._a_scale_slot = self._per_call.get(ACTIVATION_SCALE)
+        self._a_scale_alignment = kernel.a_scale_alignment
         self._panels = kernel.activation_layout == "panels"  # a: (K / 128, m, 128) codes, lda the panel stride
         self._struct = kernel._struct
         self._fn = None
@@ -258,6 +266,10 @@ class Launcher:
                 "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
                 if a_scale is None else "a_scale given, but this kernel reads 16-bit activations without scales"))
         if a_scale is not None:
+            if a_scale.data_ptr() % self._a_scale_alignment:
+                raise ValueError(f"kernel {self.kernel.name}: a_scale's address {a_scale.data_ptr():#x} is not a "
+                                 f"multiple of {self._a_scale_alignment} bytes (its e8m0 scales are copied in 4-byte "
+                                 f"words); pass a tensor of its own (humming_gen.quantize_activation returns one)")
             self._values[self._a_scale_slot] = a_scale.data_ptr()
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:

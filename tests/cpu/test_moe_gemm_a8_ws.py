@@ -310,3 +310,24 @@ def test_token_of_is_the_exact_quotient() -> None:
         for n in edges + [rng.randrange(2**31) for _ in range(200)]:
             if 0 <= n < 2**31:
                 assert _token_of(n, top_k) == n // top_k, (n, top_k)
+
+
+@pytest.mark.parametrize("block_m", [8, 32, 128])
+def test_staged_e8m0_activation_scales_in_moe_kernels(monkeypatch, block_m: int) -> None:
+    """STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 group scales come with the stage through the routing's rows (4-byte
+    cp.asyncs of a token's groups) instead of the consumers' global loads and row lookups; NVRTC without spills for
+    the 8-token tile (256-k stages: 8 bytes a token) and the larger ones, indexed and grouped."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
+    plans = (_plans(_layer("w8a8-mxfp8"), block_ms=(block_m,))
+             + _plans(_layer("w8a8-mxfp8", bias=False), ComputeConfig(gemm="grouped_contiguous"), (block_m,)))
+    for plan in plans:
+        src = generate(plan, "nvrtc")
+        assert "const unsigned char* a_bytes = ring.stage_ptr(stage)" in src, plan.kernel_name
+        assert "static_cast<const unsigned char*>(p.a_scale), a_scale_rows, kt);" in src
+        assert "a_rows[" not in src and "a_scales[static_cast<long long>" not in src  # no global scale reads
+    for kernel in build_many(plans):
+        r = kernel.compiled.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+        assert kernel.a_scale_alignment == 4

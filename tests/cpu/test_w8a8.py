@@ -26,7 +26,7 @@ from humming_gen.runtime.compile import fatal_warnings
 from humming_gen.pipelines.standard.compose_a8 import activation_e8m0
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
-from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import deepest, weight_multicast
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
 from humming_gen.targets import get_target
@@ -525,3 +525,35 @@ def test_group32_fp32_activation_scales_take_128_token_tiles() -> None:
     for act, tile in ((G32, 128), (MXFP8, 64)):
         layer = LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(act), fold_scales=True)
         assert dict(choose_tunings(layer, target, stored=False).buckets)[None].block_m == tile, act
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("weights", ["mxfp4-fold", "mxfp4", "mxfp8"])
+def test_staged_e8m0_activation_scales_compile_without_spills(monkeypatch, weights: str, block_m: int) -> None:
+    """STAGE_E8M0_SCALES (opt-in, GPU-untested): MXFP8 activation scales staged with the codes, [kBlockM][4] bytes a
+    stage, read from shared memory at each promotion; off by default (the sources keep their global loads), and
+    refused where a stage's groups are not whole 4-byte words or K is not whole stages."""
+    scheme = _mxfp4_weights(MXFP8) if weights.startswith("mxfp4") else "w8a8-mxfp8"
+    layer = LayerConfig(n=3072, k=4096, scheme=scheme, fold_scales=weights == "mxfp4-fold")
+    target = get_target("sm_90a")
+    fields = {f: v for f, v in dict(choose_tunings(layer, target, stored=False).buckets)[None].to_dict().items()
+              if f != "stages"}
+    fields["block_m"] = block_m
+    off = build(compose(layer, ComputeConfig(), deepest(layer, target, fields), target), compile=False)
+    assert "a_bytes" not in off.source and off.a_scale_alignment == 1
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
+    tuning = deepest(layer, target, fields)  # the ring holds a byte a group more
+    plan = compose(layer, ComputeConfig(), tuning, target)
+    kernel = build(plan)
+    assert "cp_async_4(smem_stage + cfg::kActivationScaleOffset + token * cfg::kStageActivationGroups + i" in \
+        kernel.source and "kStageActivationGroups = 4;" in kernel.source
+    on = compose_a8.shared_memory(layer, tuning)
+    assert kernel.a_scale_alignment == 4 and on.activation_scales == block_m * 4  # 4 groups of a byte per token
+    assert plan.shared_bytes >= on.stages * on.stage
+    r = kernel.resources
+    assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, r
+    # a stage's groups of 2 bytes (group 64) or K off whole stages keep the global loads
+    assert not compose_a8.staged_e8m0_scales(attrs.evolve(layer, k=4096 + 64), 128)
+    g64 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=64, scale_dtype="float8e8m0")
+    assert not compose_a8.staged_e8m0_scales(LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(g64)), 128)
+    assert compose_a8.staged_e8m0_scales(layer, 128)

@@ -71,6 +71,7 @@ class ActivationScalesStage(Component):
     provides: ClassVar[frozenset[str]] = frozenset({"kScaleTokensPerThread", "activation_scale_rows",
                                                    "load_activation_scales_stage"})
     gather: bool = option_field()  # MoE (indexed): a token's scales are those of the row its assignment reads
+    e8m0: bool = option_field()  # e8m0 bytes (MXFP8): a token's groups of a stage, [kBlockM][group slot]
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -255,6 +256,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     a_bulk: bool = option_field()
     # promoted partial sums in two token halves, each promoted while the other's wgmmas run (m64n{block_m / 2}k32)
     overlap: bool = option_field()
+    # e8m0 activation group scales staged with the codes as bytes (ActivationScalesStage.e8m0)
+    staged_e8m0: bool = option_field()
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -265,7 +268,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     def staged_activation_scales(self) -> bool:
         """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
         size copies, are read from global memory at each promotion."""
-        return self.activation_groups and not self.activation_e8m0
+        return self.activation_groups and (not self.activation_e8m0 or self.staged_e8m0)
 
     @property
     def producer_cp_async(self) -> bool:
@@ -320,4 +323,5 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
-                "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap}
+                "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
+                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}

@@ -76,6 +76,10 @@ PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
 # bench/a8_sweep.py 'overlap', bench/group32_case.py --variants).
 OVERLAP_PROMOTION = True
+# MXFP8's e8m0 activation group scales staged with the codes (4-byte cp.asyncs of a token's groups of a stage)
+# instead of read from global memory at every promotion. Opt-in: CPU-tested (NVRTC without spills), not yet run on a
+# GPU (bench/group32_case.py --variants measures it).
+STAGE_E8M0_SCALES = False
 
 
 @attrs.frozen
@@ -136,11 +140,20 @@ def staged_activation_scales(layer: LayerConfig) -> bool:
     return standard_a8.activation_group_k(layer) is not None and not standard_a8.activation_e8m0(layer)
 
 
+def staged_e8m0_scales(layer: LayerConfig, block_k: int) -> bool:
+    """e8m0 activation group scales (MXFP8) staged with the codes as bytes (STAGE_E8M0_SCALES): a token's groups of
+    a stage are 4, 8 or 16 bytes copied by 4-byte cp.asyncs, where K is whole stages (no group past K in a copy)."""
+    g = standard_a8.activation_group_k(layer)
+    return (STAGE_E8M0_SCALES and g is not None and standard_a8.activation_e8m0(layer) and block_k % g == 0
+            and block_k // g in (4, 8, 16) and layer.k % block_k == 0)
+
+
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     t = tuning
     w_group, a_group = promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)
     w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer) if w_group is not None else 0
-    a_scales = stage_groups(t.block_k, a_group) * t.block_m * 4 if staged_activation_scales(layer) else 0
+    a_scales = (stage_groups(t.block_k, a_group) * t.block_m * 4 if staged_activation_scales(layer)
+                else stage_groups(t.block_k, a_group) * t.block_m if staged_e8m0_scales(layer, t.block_k) else 0)
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
                       activation_scales=a_scales, staging=staging_bytes(layer, t))
@@ -314,8 +327,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                else ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
                                                cluster_m=t.cluster_m)]
-    if staged_activation_scales(layer):
-        memory.append(ActivationScalesStage(gather=gather))
+    e8m0_staged = staged_e8m0_scales(layer, t.block_k)
+    if staged_activation_scales(layer) or e8m0_staged:
+        memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
     overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
         weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
@@ -357,7 +371,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
-                                         a_bulk=a_bulk, overlap=overlap)
+                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -417,6 +431,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
                       ("kActivationScaleOffset", scales_offset + smem.weight_scales,
                        "a stage's activation group scales: [group slot][kBlockM] fp32, after the weight scales")]
+    elif e8m0_staged:
+        constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
+                      ("kActivationScaleOffset", scales_offset + smem.weight_scales,
+                       "a stage's e8m0 activation group scales: [kBlockM][group slot] bytes, after the weight scales")]
     elif gather and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
         constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
                           "activation row of each token of the unit, one per 32 tokens"))
