@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import humming_gen as hg
+from humming_gen.pipelines.base import TuningPlan
 from humming_gen.reference import reference_gemm
 
 pytestmark = pytest.mark.gpu
@@ -260,6 +261,31 @@ def test_group32_activation_scales(scheme, n: int, k: int) -> None:
     assert_pipelines(layer)
     for m in (1, 64, 200, 1000):
         _check(layer, qw, None, torch.bfloat16, m, f"{scheme.activation}")
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", MXFP4_MXFP8], ids=["mxfp8", "mxfp4-x-mxfp8"])
+@pytest.mark.parametrize("block_m", [None, 128])
+def test_staged_e8m0_activation_scales(monkeypatch, scheme, block_m) -> None:
+    """compose_a8.STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 scales staged with the codes; the heuristics' tiles, or
+    128 tokens at every warp-specialized M; partial last tiles (M = 200, 1000), several units per CTA (N = 8192)."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+    from humming_gen.pipelines.warp_specialized.heuristics import deepest
+
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
+    torch.manual_seed(7)
+    scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
+    for n, k in ((1024, 2048), (8192, 1024)):
+        qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
+        layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+        if block_m is not None:
+            plan = layer.kernel_for(1000).plan
+            fields = {f: v for f, v in plan.tuning.to_dict().items() if f != "stages"}
+            fields["block_m"] = block_m
+            layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, tunings=TuningPlan(
+                ((None, deepest(plan.layer, plan.target, fields)),)))
+        assert layer.kernel_for(1000).a_scale_alignment == 4, "the staged kernel runs"
+        for m in (64, 200, 1000):
+            _check(layer, qw, None, torch.bfloat16, m, f"staged e8m0 {scheme.activation} n={n}")
 
 
 def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:

@@ -142,6 +142,19 @@ def test_a8_ws_gemms_write_exactly_the_routed_rows(preset: str) -> None:
     assert tiles == ({8, 16, 32} if preset == "w8a8-mxfp8" else {8, 16, 64, 128}), tiles
 
 
+def test_a8_ws_staged_e8m0_gemms_write_exactly_the_routed_rows(monkeypatch) -> None:
+    """compose_a8.STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 scales staged through the routing's rows (indexed; 8-token
+    tiles of 256-k stages, 8 bytes a token), check_routed_gemms on every bucket forced onto the warp-specialized
+    pipeline, with ragged routing."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
+    moe, q13, q2, b13, b2 = _layer("w8a8-mxfp8", 19, seed=8, pipeline="warp_specialized", biases=True, fused=False)
+    assert all(g.kernel.a_scale_alignment == 4 for pair in moe._launchers for g in pair), "the staged kernels run"
+    tiles = check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES + (300, 400), _ragged_routing, "w8a8-mxfp8 staged")
+    assert tiles == {8, 16, 32}, tiles
+
+
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=["forced", "default"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a8_ws_fp16_expert_map_and_dropped_tokens(preset: str, pipeline: str | None) -> None:
