@@ -180,7 +180,8 @@ class LoadedKernel:
 def load(compiled: CompiledKernel, dynamic_smem_bytes: int = 0) -> LoadedKernel:
     """Load ``compiled`` on torch's current device and allow it ``dynamic_smem_bytes`` of dynamic smem.
 
-    Above 48 KiB the kernel must opt in (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``); the
+    Above the driver's default allowance (48 KiB less the kernel's static arrays) it opts in
+    (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``); the
     attribute only ever grows, because other ``LoadedKernel`` objects share the same function. Every function
     also asks for the largest shared-memory carveout (the generated kernels read global memory past L1).
 

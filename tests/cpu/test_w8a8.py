@@ -18,6 +18,7 @@ import torch
 import humming_gen as hg
 from humming_gen.codegen import compose
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MMA_SYNC_M16N8K32_8BIT
+from humming_gen.components.mma.wgmma import WgmmaRS8
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build, build_many
@@ -516,6 +517,30 @@ def test_overlapped_promotion_where_measured_faster(scheme, block_m: int, fold: 
     half = f"wgmma.mma_async.sync.aligned.m64n{block_m // 2}k32."
     assert (half in src and "wgmma_wait<1>();  // half 0 of group pg has retired" in src) is expected
     assert (f"wgmma.mma_async.sync.aligned.m64n{block_m}k32." in src) is not expected
+    if expected:  # half 1 promotes token tiles kHalfTiles .. and its wgmmas read the tile's rows from kBlockM / 2 on
+        assert src.count("const int j = 0 + jj;") == 1 and src.count("const int j = kHalfTiles + jj;") == 1
+        assert src.count("a_step_descriptor(a_stage + kHalfBytes, step)") == 2
+        assert src.count("a_step_descriptor(a_stage, step)") == 2
+        assert f"constexpr u32 kHalfBytes = cfg::kBlockM / 2 * 128;" in src
+
+
+@pytest.mark.parametrize("block_m,overlap", [(64, True), (80, False), (96, True), (112, False), (128, True)])
+def test_int8_halves_are_integer_wgmma_shapes(block_m: int, overlap: bool) -> None:
+    """Integer wgmma takes N of 8 .. 32 or a multiple of 16: promoted int8 tiles whose halves are not keep one set
+    of partial sums (m64n80k32 for 80 tokens, not two m64n40k32), and compile."""
+    layer = LayerConfig(n=1024, k=2048, scheme=hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
+                                                               activation=hg.ActivationScheme("int8")))
+    target = get_target("sm_90a")
+    fields = {f: v for f, v in dict(choose_tunings(layer, target, stored=False).buckets)[None].to_dict().items()
+              if f != "stages"}
+    fields.update(block_m=block_m, raster="n_major")
+    tuning = deepest(layer, target, fields)
+    assert compose_a8.overlaps_promotion(layer, tuning) is overlap
+    kernel = build(compose(layer, ComputeConfig(), tuning, target))
+    n = block_m // 2 if overlap else block_m
+    assert f"m64n{n}k32.s32.s8.s8" in kernel.source and kernel.resources["spill_store_bytes"] == 0
+    with pytest.raises(ValueError, match="N must be 8, 16, 24, 32 or a multiple of 16"):
+        WgmmaRS8(weight="int8", activation="int8", n=40)
 
 
 def test_group32_fp32_activation_scales_take_128_token_tiles() -> None:

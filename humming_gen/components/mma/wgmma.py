@@ -57,6 +57,8 @@ class WgmmaRS8(Component):
     def __attrs_post_init__(self) -> None:
         if self.n not in WGMMA_N:
             raise ValueError(f"wgmma N={self.n}: must be a multiple of 8 in 8..256")
+        if self.weight == "int8" and self.n > 32 and self.n % 16:
+            raise ValueError(f"wgmma N={self.n} with integer operands: N must be 8, 16, 24, 32 or a multiple of 16")
         kinds = {self.weight.startswith("int"), self.activation.startswith("int")}
         if self.weight not in WGMMA_8BIT_TYPE or self.activation not in WGMMA_8BIT_TYPE or len(kinds) != 1:
             raise ValueError(f"wgmma k32 multiplies two int8 or two fp8 operands, got {self.weight} x "

@@ -131,13 +131,14 @@ MOE_SPLIT_STAGES = 3
 
 
 def _split_bucket_ctas(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
-    """Two CTAs per SM of up to MOE_SPLIT_STAGES stages for the split bucket, where they fit (8-bit codes' single CTA
-    was measured on a dense GEMV, whose 64 n tiles fill the SMs)."""
-    if tuning.ctas_per_sm > 1:
+    """Two CTAs per SM of MOE_SPLIT_STAGES stages for the split bucket where they fit, for 8-bit codes (their single
+    CTA was measured on a dense GEMV, whose 64 n tiles fill the SMs); codes over several bit planes and group sizes
+    off the k step keep theirs (chosen for registers, unmeasured here)."""
+    if (tuning.ctas_per_sm > 1 or layer.scheme.weight.bits != 8
+            or arbitrary_group_size(layer.scheme) is not None):
         return tuning
-    stages = max([s for s in range(2, MOE_SPLIT_STAGES + 1)
-                  if _tuning_fits(layer, target, attrs.evolve(tuning, stages=s, ctas_per_sm=2))], default=0)
-    return attrs.evolve(tuning, ctas_per_sm=2, stages=stages) if stages >= MOE_SPLIT_STAGES else tuning
+    two = attrs.evolve(tuning, ctas_per_sm=2, stages=MOE_SPLIT_STAGES)
+    return two if _tuning_fits(layer, target, two) else tuning
 
 
 def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],

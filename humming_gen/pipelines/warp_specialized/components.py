@@ -254,7 +254,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     shared_weights: bool = option_field()
     # the activation codes come in the panels layout, a stage's tile by one bulk copy (ATilePanelsBulk)
     a_bulk: bool = option_field()
-    # promoted partial sums in two token halves, each promoted while the other's wgmmas run (m64n{block_m / 2}k32)
+    # promoted partial sums in two token halves, each promoted while the other's wgmmas run (m64n{block_m / 2}k32;
+    # a stage's last half is promoted with nothing in flight)
     overlap: bool = option_field()
     # e8m0 activation group scales staged with the codes as bytes (ActivationScalesStage.e8m0)
     staged_e8m0: bool = option_field()

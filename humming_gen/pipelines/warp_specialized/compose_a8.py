@@ -72,8 +72,8 @@ MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a 
 MAX_BLOCK_M_UNPROMOTED = 256
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
-# consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle),
-# where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
+# consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle;
+# with it, only a stage's last half is promoted with nothing in flight), where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
 # bench/a8_sweep.py 'overlap', bench/group32_case.py --variants).
 OVERLAP_PROMOTION = True
 # MXFP8's e8m0 activation group scales staged with the codes (4-byte cp.asyncs of a token's groups of a stage)
@@ -170,17 +170,21 @@ def promoted_weight_group_k(layer: LayerConfig) -> int | None:
 
 
 def overlaps_promotion(layer: LayerConfig, tuning: TuningConfig) -> bool:
-    """Whether the promoted partial sums come in two token halves (OVERLAP_PROMOTION). Halves of 64 tokens or fewer
-    read register weights twice as often per token: where 4-bit weights are widened and promoted once a stage,
-    that costs more than the overlap saves. H200, M = 4096 (bench/a8_sweep.py overlap; bench/group32_case.py), us
+    """Whether the promoted partial sums come in two token halves (OVERLAP_PROMOTION; the switch itself is the
+    caller's). Halves read the register weights twice per token: where 4-bit weights are widened and promoted once a
+    stage, tiles under 192 tokens (halves under 96) keep one set, measured faster at 128. Integer wgmma takes N of 8,
+    16, 24, 32 or a multiple of 16, so int8 halves must be one of those. H200, M = 4096 (bench/a8_sweep.py overlap; bench/group32_case.py), us
     overlapped / one set: fp8 channel 8192^2 192 tokens 500.5 / 518.3, 128 565.3 / 587.6; block128 708.5 / 786.9;
     W4A8 MXFP4 192 550.8 / 574.8, 128 701.3 / 631.8 (and 151.7 / 139.8 at 3072 x 4096); group-32 activation
     scales (four promotions a stage), 64 tokens: fp32 392.4 / 395.2, e8m0 729.0 / 1035.1."""
     integer = layer.scheme.activation.dtype.name == "int8"
     wgroups = promoted_weight_group_k(layer) is not None
     agroups = standard_a8.activation_group_k(layer) is not None
+    half = tuning.block_m // 2
     if not (not integer or wgroups or agroups or not exact_k(layer)) or tuning.block_m % 16:
         return False  # nothing promoted in the loop (the skeleton's promote_in_loop), or halves off wgmma's n step
+    if integer and half > 32 and half % 16:
+        return False
     once_a_stage = promote_k(layer, tuning.block_k) == tuning.block_k
     nibbles = standard_a8.nibble_order(layer) is not None
     return not (nibbles and once_a_stage and tuning.block_m < 192)

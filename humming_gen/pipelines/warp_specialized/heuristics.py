@@ -151,7 +151,7 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     elif m_max is not None and m_max > 64 and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
         block_m = 64
     if (compose_a8.promote_k(layer, A8_BLOCK_K) < A8_BLOCK_K and activation_group_k(layer) is not None
-            and not compose_a8.staged_activation_scales(layer)):
+            and not (compose_a8.staged_activation_scales(layer) and compose_a8.OVERLAP_PROMOTION)):
         # e8m0 activation scales read from global memory at each of a stage's promotions: 128 tokens' worth spill
         # (fp32 ones staged with the codes fit 128 tokens in overlapped halves: the H200, MXFP4 x fp8 group-32,
         # M = 4096, 3072 x 4096, 392.4 us at 64 tokens, 329.1 at 128; MXFP8 at 128 spills, 1866 against 729.0)
