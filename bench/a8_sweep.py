@@ -18,7 +18,7 @@ from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
-from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, deepest, weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, restaged, weight_multicast
 from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
@@ -53,8 +53,7 @@ for name in presets:
             t = weight_multicast(t) if v.get("cluster") else t
             t = activation_multicast(t) if v.get("acluster") else t
             if v:  # as many stages as shared memory holds
-                fields = {f: v for f, v in t.to_dict().items() if f != "stages"}
-                t = deepest(layer, target, fields)
+                t = restaged(layer, target, t)
             compose_a8.OVERLAP_PROMOTION = v.get("overlap", True)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))

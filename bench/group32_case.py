@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-import attrs
 import torch
 
 import humming_gen as hg
@@ -16,7 +15,7 @@ from bench_dense import graph_time_us
 from humming_gen.bench.timing import cold_layer_count
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
-from humming_gen.pipelines.warp_specialized.heuristics import deepest
+from humming_gen.pipelines.warp_specialized.heuristics import restaged
 from humming_gen.reference import reference_gemm
 from humming_gen.targets import Target
 
@@ -40,9 +39,7 @@ def build(qws, variant: dict) -> list:
             return [hg.QuantLinear.from_quantized(q) for q in qws]
         first = hg.QuantLinear.from_quantized(qws[0])
         plan = first.kernel_for(M).plan
-        fields = {f: v for f, v in attrs.evolve(plan.tuning, block_m=variant["block_m"]).to_dict().items()
-                  if f != "stages"}
-        tuning = deepest(plan.layer, target, fields)
+        tuning = restaged(plan.layer, target, plan.tuning, block_m=variant["block_m"])
         return [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, tuning),))) for q in qws]
     finally:
         compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES = True, False

@@ -15,7 +15,7 @@ import humming_gen as hg
 from bench_dense import graph_time_us
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
-from humming_gen.pipelines.warp_specialized.heuristics import deepest
+from humming_gen.pipelines.warp_specialized.heuristics import restaged
 from humming_gen.reference import reference_gemm
 
 INTERVALS = (32, 64, 128, 256)
@@ -27,8 +27,7 @@ scheme = hg.scheme("w8a8-fp8-channel")
 def layer_for(qw, interval: int, **kw):
     compose_a8.PROMOTE_K_FP8 = interval
     default = hg.QuantLinear.from_quantized(qw, **kw)
-    fields = {f: v for f, v in default.tunings.for_m(4096).to_dict().items() if f != "stages"}
-    t = deepest(default.layer_config, default.target, {**fields, "block_k": 256, "split_k": 1})
+    t = restaged(default.layer_config, default.target, default.tunings.for_m(4096), block_k=256, split_k=1)
     return hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, t),)), **kw)
 
 

@@ -266,11 +266,12 @@ class Launcher:
                 "its activations are quantized; pass a_scale (the scales humming_gen.quantize_activation returns)"
                 if a_scale is None else "a_scale given, but this kernel reads 16-bit activations without scales"))
         if a_scale is not None:
-            if a_scale.data_ptr() % self._a_scale_alignment:
-                raise ValueError(f"kernel {self.kernel.name}: a_scale's address {a_scale.data_ptr():#x} is not a "
-                                 f"multiple of {self._a_scale_alignment} bytes (its e8m0 scales are copied in 4-byte "
-                                 f"words); pass a tensor of its own (humming_gen.quantize_activation returns one)")
-            self._values[self._a_scale_slot] = a_scale.data_ptr()
+            ptr = a_scale.data_ptr()
+            if ptr % self._a_scale_alignment:
+                raise ValueError(f"kernel {self.kernel.name}: a_scale's address {ptr:#x} is not a multiple of "
+                                 f"{self._a_scale_alignment} bytes (its e8m0 scales are copied in 4-byte words); pass "
+                                 f"a tensor of its own (humming_gen.quantize_activation returns one)")
+            self._values[self._a_scale_slot] = ptr
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""

@@ -27,7 +27,7 @@ from humming_gen.runtime.compile import fatal_warnings
 from humming_gen.pipelines.standard.compose_a8 import activation_e8m0
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
-from humming_gen.pipelines.warp_specialized.heuristics import deepest, weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import restaged, weight_multicast
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayout8, pack_codes8, unpack_codes8
 from humming_gen.targets import get_target
@@ -472,15 +472,12 @@ def test_activation_multicast_refusals_name_the_field(change: dict, needle: str)
 def test_int8_tiles_above_192_tokens_only_without_promotion() -> None:
     """int8 x int8 with channel scales sums K in one set of s32 registers (block_m / 2 per thread), so 224- and
     256-token tiles compile without spills; every layer that promotes partial sums (fp8, group scales) is refused."""
-    from humming_gen.pipelines.warp_specialized.heuristics import deepest
-
     tgt = get_target("sm_90a")
     plans = []
     for bm in (224, 256):
         layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
-        t = attrs.evolve(choose_tunings(layer, tgt, stored=False).for_m(10 ** 6), block_m=bm)
-        plans.append(compose(layer, ComputeConfig(), deepest(layer, tgt, {f: v for f, v in t.to_dict().items()
-                                                                          if f != "stages"}), tgt))
+        t = restaged(layer, tgt, choose_tunings(layer, tgt, stored=False).for_m(10 ** 6), block_m=bm)
+        plans.append(compose(layer, ComputeConfig(), t, tgt))
     for kernel in build_many(plans):
         assert_no_spills(kernel, kernel.name)
     for scheme in ("w8a8-fp8-channel", "w4a8-int4-g128-int8", "w8a8-fp8-block128"):
@@ -521,7 +518,7 @@ def test_overlapped_promotion_where_measured_faster(scheme, block_m: int, fold: 
         assert src.count("const int j = 0 + jj;") == 1 and src.count("const int j = kHalfTiles + jj;") == 1
         assert src.count("a_step_descriptor(a_stage + kHalfBytes, step)") == 2
         assert src.count("a_step_descriptor(a_stage, step)") == 2
-        assert f"constexpr u32 kHalfBytes = cfg::kBlockM / 2 * 128;" in src
+        assert "constexpr u32 kHalfBytes = cfg::kBlockM / 2 * 128;" in src
 
 
 @pytest.mark.parametrize("block_m,overlap", [(64, True), (80, False), (96, True), (112, False), (128, True)])
@@ -531,10 +528,8 @@ def test_int8_halves_are_integer_wgmma_shapes(block_m: int, overlap: bool) -> No
     layer = LayerConfig(n=1024, k=2048, scheme=hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
                                                                activation=hg.ActivationScheme("int8")))
     target = get_target("sm_90a")
-    fields = {f: v for f, v in dict(choose_tunings(layer, target, stored=False).buckets)[None].to_dict().items()
-              if f != "stages"}
-    fields.update(block_m=block_m, raster="n_major")
-    tuning = deepest(layer, target, fields)
+    tuning = restaged(layer, target, dict(choose_tunings(layer, target, stored=False).buckets)[None],
+                      block_m=block_m, raster="n_major")
     assert compose_a8.overlaps_promotion(layer, tuning) is overlap
     kernel = build(compose(layer, ComputeConfig(), tuning, target))
     n = block_m // 2 if overlap else block_m
@@ -561,13 +556,11 @@ def test_staged_e8m0_activation_scales_compile_without_spills(monkeypatch, weigh
     scheme = _mxfp4_weights(MXFP8) if weights.startswith("mxfp4") else "w8a8-mxfp8"
     layer = LayerConfig(n=3072, k=4096, scheme=scheme, fold_scales=weights == "mxfp4-fold")
     target = get_target("sm_90a")
-    fields = {f: v for f, v in dict(choose_tunings(layer, target, stored=False).buckets)[None].to_dict().items()
-              if f != "stages"}
-    fields["block_m"] = block_m
-    off = build(compose(layer, ComputeConfig(), deepest(layer, target, fields), target), compile=False)
+    base = dict(choose_tunings(layer, target, stored=False).buckets)[None]
+    off = build(compose(layer, ComputeConfig(), restaged(layer, target, base, block_m=block_m), target), compile=False)
     assert "a_bytes" not in off.source and off.a_scale_alignment == 1
     monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
-    tuning = deepest(layer, target, fields)  # the ring holds a byte a group more
+    tuning = restaged(layer, target, base, block_m=block_m)  # the ring holds a byte a group more
     plan = compose(layer, ComputeConfig(), tuning, target)
     kernel = build(plan)
     assert "cp_async_4(smem_stage + cfg::kActivationScaleOffset + token * cfg::kStageActivationGroups + i" in \

@@ -180,21 +180,16 @@ def test_a8_large_m_odd_shapes(n: int, k: int) -> None:
     _check(layer, qw, bias, torch.bfloat16, 4096, f"w8a8-fp8-channel n={n} k={k}")
 
 
-@pytest.mark.parametrize("scheme,block_m", [("w8a8-fp8-channel", 128), ("w8a8-fp8-channel", 192),
-                                             ("w8a8-int8-channel", 128), ("w8a8-fp8-block128", 128),
-                                             ("w4a8-mxfp4-fp8", 128), ("w4a8-int4-g128-int8", 128)])
-def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
-    """Two-CTA clusters sharing weight stages by multicast (cluster_m=2): pairs of m tiles, an idle second tile
-    where their count is odd (M = 1, 300), more pairs than clusters (N = 8192: rings refilled across units), K not
-    a multiple of the stage (3000), group scales and folded e8m0 scales multicast with the weights."""
+def _cluster_linear(scheme: str, seed: int, k: int, multicast, **changes):
+    """A QuantLinear (N = 8192, bias) whose one bucket is the M = 4096 tuning with `changes`, at most 5 stages for
+    192 tokens and 6 otherwise, made a two-CTA cluster by `multicast`; skips where the target launches no
+    clusters."""
     from humming_gen.config import LayerConfig
     from humming_gen.heuristics import choose_tunings
     from humming_gen.layer.weights import scales_fold
-    from humming_gen.pipelines.base import TuningPlan
-    from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
 
-    torch.manual_seed(13)
-    n, k = 8192, 3072 if scheme.endswith("block128") else 3000
+    torch.manual_seed(seed)
+    n = 8192
     qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
     bias = torch.randn(n, device="cuda").bfloat16()
     target = hg.Target.current()
@@ -202,8 +197,23 @@ def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
         pytest.skip(f"{target.name} launches no clusters")
     layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
     base = choose_tunings(layer, target, stored=False).for_m(4096)
-    tuning = weight_multicast(attrs.evolve(base, block_m=block_m, stages=min(base.stages, 5 if block_m == 192 else 6)))
+    stages = min(base.stages, 5 if changes["block_m"] == 192 else 6)
+    tuning = multicast(attrs.evolve(base, stages=stages, **changes))
     linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
+    return linear, qw, bias
+
+
+@pytest.mark.parametrize("scheme,block_m", [("w8a8-fp8-channel", 128), ("w8a8-fp8-channel", 192),
+                                             ("w8a8-int8-channel", 128), ("w8a8-fp8-block128", 128),
+                                             ("w4a8-mxfp4-fp8", 128), ("w4a8-int4-g128-int8", 128)])
+def test_a8_weight_multicast_clusters(scheme: str, block_m: int) -> None:
+    """Two-CTA clusters sharing weight stages by multicast (cluster_m=2): pairs of m tiles, an idle second tile
+    where their count is odd (M = 1, 300), more pairs than clusters (N = 8192: rings refilled across units), K not
+    a multiple of the stage (3000), group scales and folded e8m0 scales multicast with the weights."""
+    from humming_gen.pipelines.warp_specialized.heuristics import weight_multicast
+
+    linear, qw, bias = _cluster_linear(scheme, 13, 3072 if scheme.endswith("block128") else 3000, weight_multicast,
+                                       block_m=block_m)
     assert linear.kernel_for(1).plan.launch.cluster == (2, 1, 1)
     for m in (1, 300, 1000):
         _check(linear, qw, bias, torch.bfloat16, m, f"{scheme} cluster 2x1 block_m={block_m}")
@@ -217,24 +227,9 @@ def test_a8_activation_multicast_clusters(scheme: str, block_m: int, raster: str
     CTA copies half of the tile's rows of its panel into both; tiles cut by M (M = 1: the second half empty; 300,
     1000), pairs of n tiles, more pairs than clusters (rings refilled), banded and plain walks, staged block scales
     and folded e8m0 scales beside."""
-    from humming_gen.config import LayerConfig
-    from humming_gen.heuristics import choose_tunings
-    from humming_gen.layer.weights import scales_fold
-    from humming_gen.pipelines.base import TuningPlan
     from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast
 
-    torch.manual_seed(17)
-    n, k = 8192, 3072
-    qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
-    bias = torch.randn(n, device="cuda").bfloat16()
-    target = hg.Target.current()
-    if not target.has("clusters"):
-        pytest.skip(f"{target.name} launches no clusters")
-    layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
-    base = choose_tunings(layer, target, stored=False).for_m(4096)
-    tuning = activation_multicast(attrs.evolve(base, block_m=block_m, raster=raster,
-                                               stages=min(base.stages, 5 if block_m == 192 else 6)))
-    linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
+    linear, qw, bias = _cluster_linear(scheme, 17, 3072, activation_multicast, block_m=block_m, raster=raster)
     assert linear.kernel_for(1).plan.launch.cluster == (2, 1, 1) and linear.kernel_for(1).activation_layout == "panels"
     for m in (1, 300, 1000):
         _check(linear, qw, bias, torch.bfloat16, m, f"{scheme} cluster 1x2 block_m={block_m} {raster}")
@@ -269,7 +264,7 @@ def test_staged_e8m0_activation_scales(monkeypatch, scheme, block_m) -> None:
     """compose_a8.STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 scales staged with the codes; the heuristics' tiles, or
     128 tokens at every warp-specialized M; partial last tiles (M = 200, 1000), several units per CTA (N = 8192)."""
     from humming_gen.pipelines.warp_specialized import compose_a8
-    from humming_gen.pipelines.warp_specialized.heuristics import deepest
+    from humming_gen.pipelines.warp_specialized.heuristics import restaged
 
     monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
     torch.manual_seed(7)
@@ -279,10 +274,8 @@ def test_staged_e8m0_activation_scales(monkeypatch, scheme, block_m) -> None:
         layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
         if block_m is not None:
             plan = layer.kernel_for(1000).plan
-            fields = {f: v for f, v in plan.tuning.to_dict().items() if f != "stages"}
-            fields["block_m"] = block_m
             layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, tunings=TuningPlan(
-                ((None, deepest(plan.layer, plan.target, fields)),)))
+                ((None, restaged(plan.layer, plan.target, plan.tuning, block_m=block_m)),)))
         assert layer.kernel_for(1000).a_scale_alignment == 4, "the staged kernel runs"
         for m in (64, 200, 1000):
             _check(layer, qw, None, torch.bfloat16, m, f"staged e8m0 {scheme.activation} n={n}")

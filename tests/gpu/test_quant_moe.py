@@ -33,14 +33,20 @@ CASES = [
 ]
 
 
-def _layer(case, seed=0, fused=None):
-    cid, scheme, dtype, e, h, i, top_k, act, layout, biases = case
+def quantized_experts(scheme: str, dtype: torch.dtype, e: int, h: int, i: int, biases: bool, seed: int):
+    """Random experts of SCHEMES[scheme], quantized: w13 (E, 2I, H), w2 (E, H, I), and their biases or None."""
     torch.manual_seed(seed)
     s = hg.QuantScheme(**SCHEMES[scheme])
     q13 = s.quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.05)
     q2 = s.quantize(torch.randn(e, h, i, device="cuda") * 0.05)
     b13 = (torch.randn(e, 2 * i, device="cuda") * 0.1).to(dtype) if biases else None
     b2 = (torch.randn(e, h, device="cuda") * 0.1).to(dtype) if biases else None
+    return q13, q2, b13, b2
+
+
+def _layer(case, seed=0, fused=None):
+    cid, scheme, dtype, e, h, i, top_k, act, layout, biases = case
+    q13, q2, b13, b2 = quantized_experts(scheme, dtype, e, h, i, biases, seed)
     moe = hg.QuantMoE.from_quantized(q13, q2, activation=act, gate_up_layout=layout, bias13=b13, bias2=b2,
                                      dtype=dtype, fused_activation=fused)
     return moe, q13, q2, b13, b2

@@ -16,7 +16,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference.moe import local_experts, reference_fused_moe
-from test_quant_moe import TOLERANCE, _rel, _routing, capture_without_sync
+from test_quant_moe import TOLERANCE, _rel, _routing, capture_without_sync, quantized_experts
 from test_quant_moe_a8 import LAYER_TOLERANCE
 from test_quant_moe_a8 import _reference as a8_reference
 
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.gpu
 E, H, I, TOP_K = 32, 2048, 512, 4  # gate-up N = 1024 (8 n tiles), K = 2048 (8 k tiles); down N = 2048, K = 512
 M_VALUES = (1, 2, 3, 200)
 SPLITS = {"forced": 3, "heuristic": None}
-SCHEMES = {
-    "int4-g128": dict(weight="int4", group_size=128),
-    "uint4-g64-zp": dict(weight="uint4", group_size=64, zero_point="int"),
-    "mxfp4": dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
-}
 # (id, scheme, dtype, activation, gate_up_layout, biases)
 CASES = [
     ("int4-silu", "int4-g128", torch.bfloat16, "silu_mul", "split", False),
@@ -40,13 +35,7 @@ CASES = [
 
 def _weights(case, seed: int):
     _, scheme, dtype, _, _, biases = case
-    torch.manual_seed(seed)
-    s = hg.QuantScheme(**SCHEMES[scheme])
-    q13 = s.quantize(torch.randn(E, 2 * I, H, device="cuda") * 0.05)
-    q2 = s.quantize(torch.randn(E, H, I, device="cuda") * 0.05)
-    b13 = (torch.randn(E, 2 * I, device="cuda") * 0.1).to(dtype) if biases else None
-    b2 = (torch.randn(E, H, device="cuda") * 0.1).to(dtype) if biases else None
-    return q13, q2, b13, b2
+    return quantized_experts(scheme, dtype, E, H, I, biases, seed)  # schemes of test_quant_moe.SCHEMES
 
 
 def _layer(case, q13, q2, b13, b2, split_k, fused=None):

@@ -148,12 +148,17 @@ def staged_e8m0_scales(layer: LayerConfig, block_k: int) -> bool:
             and block_k // g in (4, 8, 16) and layer.k % block_k == 0)
 
 
+def staged_scale_bytes(layer: LayerConfig, block_k: int) -> int:
+    """Bytes of one staged activation scale: 4 (fp32), 1 (e8m0, STAGE_E8M0_SCALES), 0 where none is staged."""
+    return 4 if staged_activation_scales(layer) else 1 if staged_e8m0_scales(layer, block_k) else 0
+
+
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     t = tuning
     w_group, a_group = promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)
     w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer) if w_group is not None else 0
-    a_scales = (stage_groups(t.block_k, a_group) * t.block_m * 4 if staged_activation_scales(layer)
-                else stage_groups(t.block_k, a_group) * t.block_m if staged_e8m0_scales(layer, t.block_k) else 0)
+    scale_bytes = staged_scale_bytes(layer, t.block_k)
+    a_scales = stage_groups(t.block_k, a_group) * t.block_m * scale_bytes if scale_bytes else 0
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
                       activation_scales=a_scales, staging=staging_bytes(layer, t))
@@ -331,8 +336,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                else ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
                                                cluster_m=t.cluster_m)]
-    e8m0_staged = staged_e8m0_scales(layer, t.block_k)
-    if staged_activation_scales(layer) or e8m0_staged:
+    scale_bytes = staged_scale_bytes(layer, t.block_k)
+    e8m0_staged = scale_bytes == 1
+    if scale_bytes:
         memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
     overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
@@ -431,14 +437,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         g = standard_a8.activation_group_k(layer)
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
-    if staged_activation_scales(layer):
+    if scale_bytes:
+        order = "[kBlockM][group slot] e8m0 bytes" if e8m0_staged else "[group slot][kBlockM] fp32"
         constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
                       ("kActivationScaleOffset", scales_offset + smem.weight_scales,
-                       "a stage's activation group scales: [group slot][kBlockM] fp32, after the weight scales")]
-    elif e8m0_staged:
-        constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
-                      ("kActivationScaleOffset", scales_offset + smem.weight_scales,
-                       "a stage's e8m0 activation group scales: [kBlockM][group slot] bytes, after the weight scales")]
+                       f"a stage's activation group scales: {order}, after the weight scales")]
     elif gather and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
         constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
                           "activation row of each token of the unit, one per 32 tokens"))

@@ -87,6 +87,12 @@ def deepest(layer: LayerConfig, target: Target, fields: dict, reserved: int = 0)
     return TuningConfig(**fields, stages=stages)
 
 
+def restaged(layer: LayerConfig, target: Target, tuning: TuningConfig, **changes) -> TuningConfig:
+    """`tuning` with `changes` (say another token tile), as many stages as shared memory then holds (deepest)."""
+    fields = {f: v for f, v in attrs.evolve(tuning, **changes).to_dict().items() if f != "stages"}
+    return deepest(layer, target, fields)
+
+
 # MoE (indexed GEMMs, QuantMoE): buckets of expected rows per expert (M * top_k / E) and their token tile, which is
 # also the block moe_align pads each expert's rows to, so both GEMMs of a layer take the same tiles. An expert whose
 # rows fill few tiles wastes the padding of its last one whatever the tile, so the tile is the bucket's bound:
