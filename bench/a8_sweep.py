@@ -1,8 +1,9 @@
 """Sweep of the warp-specialized 8-bit-activation tunings (one-bucket QuantLinears, canonical graph timing, the
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
 those tiles with and without two-CTA clusters sharing weight stages; or ("overlap") the promoted partial sums in two
-token halves (compose_a8.OVERLAP_PROMOTION, the default) against one set promoted after every wgmma has retired.
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap]"""
+token halves (compose_a8.OVERLAP_PROMOTION, the default) against one set promoted after every wgmma has retired; or
+("small") the bucket of each M against other splits and token tiles.
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap|small]"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, restaged, weight_multicast
 from humming_gen.targets import Target
 
+MODE = sys.argv[3] if len(sys.argv) > 3 else "tiles"
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
 VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
@@ -34,8 +36,11 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
             # two-CTA clusters along N sharing activation stages (panels), banded and plain
             "acluster": [dict(), dict(block_m=192, acluster=True), dict(block_m=192, raster="n_major", acluster=True),
                          dict(block_m=128, acluster=True)],
-            "overlap": [dict(), dict(overlap=False), dict(block_m=128), dict(block_m=128, overlap=False)]}[
-    sys.argv[3] if len(sys.argv) > 3 else "tiles"]
+            "overlap": [dict(), dict(overlap=False), dict(block_m=128), dict(block_m=128, overlap=False)],
+            # small M: the bucket's own tuning (not the open-ended one's) against other splits and token tiles
+            "small": [dict(), dict(split_k=1), dict(split_k=4), dict(block_m=32), dict(block_m=32, split_k=1),
+                      dict(block_m=64, split_k=1), dict(block_m=64, split_k=2), dict(block_m=128, split_k=2),
+                      dict(raster="n_major"), dict(raster="m_band")]}[MODE]
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()
@@ -43,13 +48,16 @@ for name in presets:
     scheme = hg.scheme(name)
     qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=scales_fold(qws[0]))  # as QuantLinear decides it
-    base = dict(choose_tunings(layer, target, stored=False).buckets)[None]
+    plan = choose_tunings(layer, target, stored=False)
     for m in ms:
+        base = plan.for_m(m) if MODE == "small" else dict(plan.buckets)[None]
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
             fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap")}
             t = attrs.evolve(base, **fields)
+            if t.split_k > 1 and t.raster == "m_band" or (v and v == fields and t == base):
+                continue  # split-K units walk n-major; a variant that is the bucket's own
             t = weight_multicast(t) if v.get("cluster") else t
             t = activation_multicast(t) if v.get("acluster") else t
             if v:  # as many stages as shared memory holds

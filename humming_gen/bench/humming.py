@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import torch
 
-FORMATS = {"w4a16-int4-g128": dict(dtype="int4", group_size=128),  # symmetric: no zero point
-           "w3a16-int3-g128": dict(dtype="int3", group_size=128),
-           "w8a16-int8-channel": dict(dtype="int8")}  # group_size 0: one scale per output channel
+# preset -> (weight_config, input_config): Humming's schema fields (humming/schema/humming.py). An input_config
+# quantizes x inside Humming's forward (dynamic per token, or per group of `group_size` along K).
+FORMATS = {"w4a16-int4-g128": (dict(dtype="int4", group_size=128), None),  # symmetric: no zero point
+           "w3a16-int3-g128": (dict(dtype="int3", group_size=128), None),
+           "w8a16-int8-channel": (dict(dtype="int8"), None),  # group_size 0: one scale per output channel
+           "w8a8-fp8-channel": (dict(dtype="float8e4m3"), dict(dtype="float8e4m3")),
+           "w8a8-int8-channel": (dict(dtype="int8"), dict(dtype="int8")),
+           "w8a8-fp8-block128": (dict(dtype="float8e4m3", group_size=128, group_size_n=128),
+                                 dict(dtype="float8e4m3", group_size=128)),
+           "w4a8-mxfp4-fp8": (dict(dtype="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
+                              dict(dtype="float8e4m3"))}
 
 
 class HummingUnavailable(Exception):
@@ -20,7 +28,9 @@ class HummingUnavailable(Exception):
 def humming_layers(fmt: str, n: int, k: int, count: int, dtype=torch.bfloat16):
     """`count` Humming layers of random (randn * 0.02) weights -> (layers, w_ref). layers: callables
     x[M, K] -> y[M, N] (HummingLayer modules, kernels of every M bucket compiled). w_ref: layer 0's dequantized
-    weight, float32 [N, K] = (code - 2^(bits-1)) * scale, scales in `dtype` as the kernel reads them."""
+    weight, float32 [N, K] (Humming's dequant_tensors: code value times scale, scales in `dtype` as the kernel reads
+    them). With quantized activations x stays 16-bit and Humming quantizes it in its forward, so an error against
+    x @ w_ref includes the activations' rounding."""
     if fmt not in FORMATS:
         raise HummingUnavailable(f"no Humming mapping for {fmt}")
     try:
@@ -30,7 +40,10 @@ def humming_layers(fmt: str, n: int, k: int, count: int, dtype=torch.bfloat16):
         raise HummingUnavailable(f"humming not importable: {type(e).__name__}: {e}") from e
     layers, w_ref = [], None
     for i in range(count):
-        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(FORMATS[fmt]), torch_dtype=dtype).cuda()
+        weight_config, input_config = FORMATS[fmt]
+        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
+                             input_config=None if input_config is None else dict(input_config),
+                             torch_dtype=dtype).cuda()
         w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)
         tensors = HummingWeightSchema.quant_tensor(w, layer.weight_schema, dtype)
         if i == 0:

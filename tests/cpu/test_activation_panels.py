@@ -100,9 +100,10 @@ def _plan(fmt: str, n: int = 8192, k: int = 8192):
 def test_dense_a8_buckets_bulk_copy_panels(fmt: str) -> None:
     """Every sm_90a bucket of a dense 8-bit layer with K % 128 == 0 reads panels: one bulk copy of the stage's codes
     whose bytes the first producer thread's expect_tx counts; the full barrier waits for that thread alone unless
-    the producer also stages activation scales by cp.async (fp32 groups), then for every producer thread."""
+    the producer also stages activation scales by cp.async (fp32 groups, MXFP8's e8m0 bytes), then for every
+    producer thread."""
     layer, plan = _plan(fmt)
-    staged = fmt == "w8a8-fp8-block128"
+    staged = fmt in ("w8a8-fp8-block128", "w8a8-mxfp8")
     for m_max, t in plan.buckets:
         assert t.a_load == "tma", (m_max, t)
         assert t.raster == ("m_band" if t.split_k == 1 and not (fmt == "w4a8-mxfp4-fp8" and t.block_m > 128)

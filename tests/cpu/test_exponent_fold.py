@@ -348,9 +348,9 @@ def test_layer_config_refuses_fold_for_schemes_that_cannot() -> None:
 def test_folded_source_promotes_no_group_scales() -> None:
     folded = LayerConfig(8192, 8192, SCHEME, fold_scales=True, has_bias=True)
     plain = LayerConfig(8192, 8192, SCHEME, has_bias=True)
-    t = choose_tunings(folded, SM90).for_m(4096)
-    # (the band is the panels' tiles' raster whatever the scales: heuristics.tuning_for_a8)
-    assert t.raster == "m_band" and t.a_load == "tma" and choose_tunings(plain, SM90).for_m(4096).raster == "m_band"
+    t = choose_tunings(folded, SM90).for_m(2048)
+    # (the band is the 128-token panels' tiles' raster whatever the scales: heuristics.tuning_for_a8)
+    assert t.raster == "m_band" and t.a_load == "tma" and choose_tunings(plain, SM90).for_m(2048).raster == "m_band"
     plan = compose(folded, ComputeConfig(), t, SM90)
     src = generate(plan)
     c = dict((name, value) for name, value, _ in plan.constants)

@@ -110,11 +110,13 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
     assert "(acc[nt][mt][1] * scales[nt][0] * a_scale) * weights[mc][1]" in per_tensor
 
 
-def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:
+def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row(monkeypatch) -> None:
     """Per-group activation scales (DeepSeek's 1 x 128): the producer looks up each token's row through the routing
     once per unit and stages the row's scales with every stage, beside the expert's weight block scale; the
-    consumers read both from shared memory at every promotion; none in the epilogue. e8m0 (MX) scales stay global
-    reads through the consumers' row lookup."""
+    consumers read both from shared memory at every promotion; none in the epilogue. e8m0 (MX) scales read at
+    promotion (STAGE_E8M0_SCALES off, or K no whole stages) are global reads through the consumers' row lookup."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
     src = _source("w8a8-fp8-block128")
     assert "rows[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     assert "activation_scale_rows(a_scale_rows, p, tc.m0);" in src
@@ -125,6 +127,7 @@ def test_a8_ws_moe_source_reads_group_scales_of_each_tokens_row() -> None:
     assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in src  # the expert's b_scale
     assert "p.b_scale = static_cast<const char*>(p.b_scale) + static_cast<long long>(expert) * cfg::" in src
     assert "token_scale" not in src and "m < p.m" not in src and "a_rows" not in src and "__ldg" not in src
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
     mx = _source("w8a8-mxfp8", block_m=32)  # e8m0 activation groups of 32
     assert "const u32 e = row >= 0 ? a_scales[static_cast<long long>(row) * cfg::kActivationGroups + a_group]" in mx
 
@@ -134,10 +137,15 @@ def _c_to_python(expr: str) -> str:
 
 
 @pytest.mark.parametrize("scheme,block_m", [("w8a8-mxfp8", 32), ("w8a8-mxfp8", 8)])
-def test_activation_row_lookup_and_shuffles_pair_each_token_with_its_row(scheme: str, block_m: int) -> None:
-    """e8m0 activation scales (read from global memory at promotion): the consumers' lookup (lane, register) of each token's activation row and the shuffle of a promotion, both
-    taken from the generated source and evaluated for every lane: token column (j, t, h) = 8j + 2t + h of the tile
-    gets the row looked up for that token, and every token of the tile is looked up."""
+def test_activation_row_lookup_and_shuffles_pair_each_token_with_its_row(monkeypatch, scheme: str,
+                                                                         block_m: int) -> None:
+    """e8m0 activation scales read from global memory at promotion (STAGE_E8M0_SCALES off, as where K is not whole
+    stages): the consumers' lookup (lane, register) of each token's activation row and the shuffle of a promotion,
+    both taken from the generated source and evaluated for every lane: token column (j, t, h) = 8j + 2t + h of the
+    tile gets the row looked up for that token, and every token of the tile is looked up."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
     src = _source(scheme, block_m=block_m)
     consts = {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (\w+) = (\d+);", src)}
     regs, m_tiles = consts["kActivationRowRegs"], consts["kWarpMTiles"]
@@ -314,7 +322,7 @@ def test_token_of_is_the_exact_quotient() -> None:
 
 @pytest.mark.parametrize("block_m", [8, 32, 128])
 def test_staged_e8m0_activation_scales_in_moe_kernels(monkeypatch, block_m: int) -> None:
-    """STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 group scales come with the stage through the routing's rows (4-byte
+    """STAGE_E8M0_SCALES (the default): MXFP8's e8m0 group scales come with the stage through the routing's rows (4-byte
     cp.asyncs of a token's groups) instead of the consumers' global loads and row lookups; NVRTC without spills for
     the 8-token tile (256-k stages: 8 bytes a token) and the larger ones, indexed and grouped."""
     from humming_gen.pipelines.warp_specialized import compose_a8

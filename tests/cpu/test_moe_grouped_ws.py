@@ -50,7 +50,7 @@ def test_grouped_ws_kernels_compile_without_spills(scheme: str) -> None:
 
 
 @pytest.mark.parametrize("gemm", GROUPED)
-def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(gemm: str) -> None:
+def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(monkeypatch, gemm: str) -> None:
     plan = _plans(_layer("w4a16-int4-g128"), gemm, (128,))[0]
     src = hg.kernel.generate(plan, "nvrtc")
     body = src[src.index("__launch_bounds__(cfg::kThreads, 1)"):]
@@ -75,7 +75,12 @@ def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(gem
     # the window's rows' activation group scales and the expert's weight scales are staged with each stage
     assert "activation_scale_rows(a_scale_rows, tc.row_end, tc.m0);" in a8
     assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in a8
-    mx = hg.kernel.generate(_plans(_layer("w8a8-mxfp8"), gemm, (32,))[0], "nvrtc")  # e8m0: read at promotion
+    mx = hg.kernel.generate(_plans(_layer("w8a8-mxfp8"), gemm, (32,))[0], "nvrtc")  # e8m0: staged (4-byte cp.async)
+    assert "static_cast<const unsigned char*>(p.a_scale), a_scale_rows, kt);" in mx and "a_scales[" not in mx
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)  # read at promotion (as where K is no whole stages)
+    mx = hg.kernel.generate(_plans(_layer("w8a8-mxfp8"), gemm, (32,))[0], "nvrtc")
     assert "a_scales[static_cast<long long>(min(m, p.m - 1)) * cfg::kActivationGroups + a_group]" in mx
 
 

@@ -125,6 +125,22 @@ def test_warp_specialized_takes_every_bucket_on_sm90a_only() -> None:
         assert all(t.pipeline == "standard" for _, t in plan.buckets)
 
 
+def test_a8_buckets_split_and_tile_as_measured() -> None:
+    """8192 x 8192 (heuristics.tuning_for_a8, measured on the H200): 8-bit weights with channel scales stream them
+    with one k slice up to 64 tokens (64 units: half the SMs), nibble and block-scaled weights split to a wave; the
+    buckets from 4096 on take 192-token tiles unless activation groups are promoted; a narrow layer still splits."""
+    sm90 = get_target("sm_90a")
+    for scheme, small_split in (("w8a8-fp8-channel", 1), ("w8a8-int8-channel", 1), ("w4a8-mxfp4-fp8", 2),
+                                ("w8a8-fp8-block128", 2)):
+        plan = choose_tunings(LayerConfig(n=8192, k=8192, scheme=scheme), sm90, stored=False)
+        for m in (1, 16, 32, 64):
+            assert plan.for_m(m).split_k == small_split, (scheme, m)
+        large = 128 if scheme == "w8a8-fp8-block128" else 192
+        assert plan.for_m(2048).block_m == 128 and plan.for_m(4096).block_m == plan.for_m(10**5).block_m == large
+    narrow = choose_tunings(LayerConfig(n=1024, k=4096, scheme="w8a8-fp8-channel"), sm90, stored=False)
+    assert narrow.for_m(1).split_k == 8  # 8 n tiles, 64 units
+
+
 def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
     return build(_plan(scheme, target, m, **kw), compile=False).source
 
@@ -244,7 +260,10 @@ def test_fp4_activations_fall_back_to_fp8_where_the_weights_allow() -> None:
     assert layer.compute_dtype == "bfloat16"
 
 
-def test_mxfp8_activation_scales_are_read_as_e8m0_bytes() -> None:
+def test_mxfp8_activation_scales_are_read_as_e8m0_bytes(monkeypatch) -> None:
+    """Read from global memory as bytes (standard pipeline; warp-specialized with STAGE_E8M0_SCALES off, as where K
+    is not whole stages)."""
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
     for m in (1, 1000):
         src = _source("w8a8-mxfp8", m=m, k=4096, pipeline="standard" if m == 1 else None)
         assert ("e8m0_scale(p.a_scale" in src) if m == 1 else ("<< 23" in src and "const unsigned char* a_scales" in src)
@@ -340,11 +359,14 @@ def test_staged_group_scales_fit_the_stage_and_pair_each_token(scheme: str, m: i
     assert "cfg::kBSliceBytes + cfg::kStageWeightGroups * cfg::kWeightScaleBytes;" in src  # expect_tx
     assert "w_group = reinterpret_cast<const float*>(ring.stage_ptr(stage) + cfg::kWeightScaleOffset)" in src
     assert "__ldg" not in src and "load_weight_group_scales" not in src
-    if not compose_a8.staged_activation_scales(plan.layer):  # per-token scales, or e8m0 bytes read at promotion
-        assert "kActivationScaleOffset" not in c
-        assert ("const u32 e = m < p.m ? a_scales[" in src) == activation_e8m0(plan.layer)
+    if not compose_a8.staged_scale_bytes(plan.layer, plan.tuning.block_k):  # per-token scales
+        assert "kActivationScaleOffset" not in c and not activation_e8m0(plan.layer)
         return
     assert c["kActivationScaleOffset"] == end and end % 8 == 0
+    if activation_e8m0(plan.layer):  # e8m0 bytes, [kBlockM][kStageActivationGroups] (the test of staged e8m0 scales)
+        assert c["kActivationScaleOffset"] + c["kBlockM"] * c["kStageActivationGroups"] <= c["kStageBytes"]
+        assert "const u32 e = m < p.m ? a_scales[" not in src
+        return
     end += c["kStageActivationGroups"] * c["kBlockM"] * 4
     assert end <= c["kStageBytes"] == -(-end // 1024) * 1024
     # producer: token `token` of group slot i at float i * kBlockM + token; consumer: float2 pair a_pairs[...] of slot
@@ -538,25 +560,30 @@ def test_int8_halves_are_integer_wgmma_shapes(block_m: int, overlap: bool) -> No
         WgmmaRS8(weight="int8", activation="int8", n=40)
 
 
-def test_group32_fp32_activation_scales_take_128_token_tiles() -> None:
-    """Staged fp32 group-32 activation scales fit 128 tokens in overlapped halves (M = 4096: 392.4 -> 329.1 us);
-    e8m0 ones, read from global memory at each promotion, stay at 64 (128 spills)."""
+def test_group32_activation_scales_take_128_token_tiles(monkeypatch) -> None:
+    """Staged group-32 activation scales (fp32, and MXFP8's e8m0 bytes) fit 128 tokens in overlapped halves (M = 4096:
+    fp8 group-32 392.4 -> 329.1 us, MXFP8 429.9 -> 355.0); e8m0 ones read from global memory at each promotion (K not
+    whole stages, or STAGE_E8M0_SCALES off) stay at 64 (128 spills)."""
     target = get_target("sm_90a")
-    for act, tile in ((G32, 128), (MXFP8, 64)):
-        layer = LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(act), fold_scales=True)
-        assert dict(choose_tunings(layer, target, stored=False).buckets)[None].block_m == tile, act
+    for act, k, tile in ((G32, 4096, 128), (MXFP8, 4096, 128), (MXFP8, 4096 + 64, 64)):
+        layer = LayerConfig(n=3072, k=k, scheme=_mxfp4_weights(act), fold_scales=True)
+        assert dict(choose_tunings(layer, target, stored=False).buckets)[None].block_m == tile, (act, k)
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
+    layer = LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(MXFP8), fold_scales=True)
+    assert dict(choose_tunings(layer, target, stored=False).buckets)[None].block_m == 64
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize("weights", ["mxfp4-fold", "mxfp4", "mxfp8"])
 def test_staged_e8m0_activation_scales_compile_without_spills(monkeypatch, weights: str, block_m: int) -> None:
-    """STAGE_E8M0_SCALES (opt-in, GPU-untested): MXFP8 activation scales staged with the codes, [kBlockM][4] bytes a
-    stage, read from shared memory at each promotion; off by default (the sources keep their global loads), and
-    refused where a stage's groups are not whole 4-byte words or K is not whole stages."""
+    """STAGE_E8M0_SCALES (the default): MXFP8 activation scales staged with the codes, [kBlockM][4] bytes a stage,
+    read from shared memory at each promotion; switched off, the sources keep their global loads; not staged where
+    a stage's groups are not whole 4-byte words or K is not whole stages."""
     scheme = _mxfp4_weights(MXFP8) if weights.startswith("mxfp4") else "w8a8-mxfp8"
     layer = LayerConfig(n=3072, k=4096, scheme=scheme, fold_scales=weights == "mxfp4-fold")
     target = get_target("sm_90a")
     base = dict(choose_tunings(layer, target, stored=False).buckets)[None]
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
     off = build(compose(layer, ComputeConfig(), restaged(layer, target, base, block_m=block_m), target), compile=False)
     assert "a_bytes" not in off.source and off.a_scale_alignment == 1
     monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)

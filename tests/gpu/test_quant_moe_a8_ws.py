@@ -143,11 +143,15 @@ def test_a8_ws_gemms_write_exactly_the_routed_rows(preset: str) -> None:
 
 
 def test_a8_ws_staged_e8m0_gemms_write_exactly_the_routed_rows(monkeypatch) -> None:
-    """compose_a8.STAGE_E8M0_SCALES (opt-in): MXFP8's e8m0 scales staged through the routing's rows (indexed; 8-token
-    tiles of 256-k stages, 8 bytes a token), check_routed_gemms on every bucket forced onto the warp-specialized
-    pipeline, with ragged routing."""
+    """compose_a8.STAGE_E8M0_SCALES (the default): MXFP8's e8m0 scales staged through the routing's rows (indexed;
+    8-token tiles of 256-k stages, 8 bytes a token), check_routed_gemms on every bucket forced onto the
+    warp-specialized pipeline, with ragged routing; and switched off (read from global memory at each promotion)."""
     from humming_gen.pipelines.warp_specialized import compose_a8
 
+    monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)
+    moe, q13, q2, b13, b2 = _layer("w8a8-mxfp8", 19, seed=9, pipeline="warp_specialized", biases=True, fused=False)
+    assert all(g.kernel.a_scale_alignment == 1 for pair in moe._launchers for g in pair), "the global loads run"
+    check_routed_gemms(moe, q13, q2, b13, b2, (1, 64, 300), _ragged_routing, "w8a8-mxfp8 unstaged")
     monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", True)
     moe, q13, q2, b13, b2 = _layer("w8a8-mxfp8", 19, seed=8, pipeline="warp_specialized", biases=True, fused=False)
     assert all(g.kernel.a_scale_alignment == 4 for pair in moe._launchers for g in pair), "the staged kernels run"

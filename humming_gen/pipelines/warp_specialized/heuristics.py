@@ -134,8 +134,9 @@ A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8
 # - 128-token tiles beat 64 (fp8 channel M = 4096: 754-812 against 854; int8 715-728 against 789).
 # - the m_band raster helps block scales (fp8 block128 M = 4096: 1227 against 1319; M = 1024: 315 against 340),
 #   not channel scales (fp8 M = 4096: 812 against 754; int8 728 against 715).
-# - the open-ended bucket takes 192-token tiles where no activation groups are promoted (their scales beside 96
-#   partial sums and 96 accumulators spill): a 128 x 192 tile reads 20 % fewer bytes per multiply-add from L2.
+# - the buckets from M = 4096 on take 192-token tiles where no activation groups are promoted (their scales beside
+#   96 partial sums and 96 accumulators spill): a 128 x 192 tile reads 20 % fewer bytes per multiply-add from L2
+#   (M = 4096, overlapped promotion: fp8 channel 500.5 against 565.3 at 128 tokens; W4A8 MXFP4 550.8 against 631.8).
 # - activation codes in the panels layout, a stage's tile by one bulk copy (a_load='tma', where K % 128 == 0), beat
 #   cp.async of 16-byte chunks by the producer's 128 threads (fp8 channel M = 4096: 656.5 -> 515.9; int8 580.3 ->
 #   439.7; M = 8192 1355.8 -> 1097.4, 1124.0 -> 919.1: session 11's probe, one process), and with them the m_band
@@ -144,6 +145,7 @@ A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8
 # Small buckets take a token tile of their M and split-K up to one wave of units, as the 16-bit buckets do (the
 # standard pipeline's fp8 mma.sync runs as F2FP + HMMA on sm_90a: W8A8 fp8 8192 x 8192 at M = 64 took 49 us).
 A8_LARGE_BLOCK_M = 192
+A8_LARGE_FROM_BUCKET = 4096  # the smallest bucket bound that takes A8_LARGE_BLOCK_M (the open-ended one too)
 
 
 def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> TuningConfig:
@@ -152,17 +154,20 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     n_tiles = math.ceil(layer.n / compose_a8.BLOCK_N)
     k_tiles = math.ceil(layer.k / A8_BLOCK_K)
     block_m = 128 if m_max is None else min(128, math.ceil(m_max / 8) * 8)
-    if m_max is None and activation_group_k(layer) is None:
+    if (m_max is None or m_max >= A8_LARGE_FROM_BUCKET) and activation_group_k(layer) is None:
         block_m = A8_LARGE_BLOCK_M
     elif m_max is not None and m_max > 64 and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
         block_m = 64
     if (compose_a8.promote_k(layer, A8_BLOCK_K) < A8_BLOCK_K and activation_group_k(layer) is not None
-            and not (compose_a8.staged_activation_scales(layer) and compose_a8.OVERLAP_PROMOTION)):
-        # e8m0 activation scales read from global memory at each of a stage's promotions: 128 tokens' worth spill
-        # (fp32 ones staged with the codes fit 128 tokens in overlapped halves: the H200, MXFP4 x fp8 group-32,
-        # M = 4096, 3072 x 4096, 392.4 us at 64 tokens, 329.1 at 128; MXFP8 at 128 spills, 1866 against 729.0)
+            and not (compose_a8.staged_scale_bytes(layer, A8_BLOCK_K) and compose_a8.OVERLAP_PROMOTION)):
+        # activation scales read from global memory at each of a stage's promotions (e8m0 where K is no whole
+        # stages): 128 tokens' worth spill. Staged with the codes they fit 128 tokens in overlapped halves (the
+        # H200, MXFP4 weights, M = 4096, 3072 x 4096, 64 / 128 tokens: fp8 group-32 392.4 / 329.1 us, MXFP8 staged
+        # 429.9 / 355.0; MXFP8 read at promotion spills at 128, 1869.7 against 733.2)
         block_m = min(block_m, 64)
-    split = 1 if m_max is None else _split(n_tiles * math.ceil(m_max / block_m), k_tiles, target.sm_count)
+    streams = m_max is not None and m_max <= 64 and _streams_weights(layer)
+    split = 1 if m_max is None else _split(n_tiles * math.ceil(m_max / block_m), k_tiles,
+                                           target.sm_count // (2 if streams else 1))
     # activation codes in the panels layout, a stage's tile by one bulk copy, where K is whole panels (dense layers:
     # MoE GEMMs gather rows)
     a_load = "tma" if layer.k % PANEL_K == 0 and layer.num_experts == 1 else "cp_async"
@@ -171,6 +176,19 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
                   b_load="tma", scale_load="tma", split_k=split,
                   raster="m_band" if split == 1 and _banded(layer, block_m, a_load) else "n_major")
     return deepest(layer, target, fields)
+
+
+def _streams_weights(layer: LayerConfig) -> bool:
+    """8-bit weights with channel or tensor scales: nothing widened or promoted per weight group, so the CTAs of a
+    bucket up to 64 tokens stream weights and half the SMs' worth of units suffice; split-K slices for the rest cost more than they
+    bring (H200, 8192 x 8192, graph us with the quantization, 64 units of one k slice against 128 of two: fp8 channel
+    M = 1 22.9 / 25.4, M = 16 23.7 / 27.9, M = 32 24.8 / 33.1, M = 64 27.7 / 35.7; int8 22.9 / 25.7, 23.5 / 27.8,
+    24.3 / 33.2, 25.3 / 34.8; W4A8 MXFP4 and fp8 block128, whose CTAs widen or promote, keep two: W4A8 M = 1 21.2 /
+    28.6, block128 M = 64 28.5 / 31.1; bench/a8_sweep.py small)."""
+    from humming_gen.pipelines.standard.compose_a8 import activation_group_k, nibble_order
+
+    return (nibble_order(layer) is None and compose_a8.promoted_weight_group_k(layer) is None
+            and activation_group_k(layer) is None)
 
 
 def _banded(layer: LayerConfig, block_m: int, a_load: str) -> bool:
