@@ -125,7 +125,9 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
 
 
 # 8-bit activations (compose_a8): 128-row tiles; every bucket on sm_90a (humming_gen.heuristics.choose), token tiles of
-# the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle), split-K to one wave.
+# the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle; 192 from the 4096 bucket
+# where no activation groups are promoted), split-K to one wave (half a wave where the CTAs stream 8-bit weights with
+# channel scales, up to 64 tokens: _streams_weights).
 A8_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
 
