@@ -363,7 +363,10 @@ def pack_nibbles8(codes: torch.Tensor, layout: BLayoutNibble8) -> torch.Tensor:
     frag = c[:, :, :, n_idx, k_idx]  # [nb, ks, wn, pair, lane, j, q, xy, byte]
     pos = torch.tensor(nibble_bit_positions(layout.order), device=codes.device)  # [xy, byte, bit]
     bit = torch.arange(4, device=codes.device)
-    words = (((frag.unsqueeze(-1) >> bit) & 1) << pos).sum(dim=(-3, -2, -1))  # [nb, ks, wn, pair, lane, j, q]
+    # each (xy, byte) place's bits of code v, summed: a gather per code instead of four shifts and masks
+    table = (((torch.arange(16, device=codes.device).view(16, 1, 1, 1) >> bit) & 1) << pos).sum(dim=-1)
+    xy, byte = torch.arange(2, device=codes.device).view(2, 1), torch.arange(4, device=codes.device)
+    words = table[frag, xy, byte].sum(dim=(-2, -1))  # [nb, ks, wn, pair, lane, j, q]
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.reshape(nb, ks, -1)
 
