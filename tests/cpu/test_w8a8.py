@@ -128,7 +128,8 @@ def test_warp_specialized_takes_every_bucket_on_sm90a_only() -> None:
 def test_a8_buckets_split_and_tile_as_measured() -> None:
     """8192 x 8192 (heuristics.tuning_for_a8, measured on the H200): 8-bit weights with channel scales stream them
     with one k slice up to 64 tokens (64 units: half the SMs), nibble and block-scaled weights split to a wave; the
-    buckets from 4096 on take 192-token tiles unless activation groups are promoted; a narrow layer still splits."""
+    buckets from 4096 on take 192-token tiles unless activation groups are promoted or those tiles would need split-K
+    to fill the SMs; a narrow layer still splits."""
     sm90 = get_target("sm_90a")
     for scheme, small_split in (("w8a8-fp8-channel", 1), ("w8a8-int8-channel", 1), ("w4a8-mxfp4-fp8", 2),
                                 ("w8a8-fp8-block128", 2)):
@@ -139,6 +140,9 @@ def test_a8_buckets_split_and_tile_as_measured() -> None:
         assert plan.for_m(2048).block_m == 128 and plan.for_m(4096).block_m == plan.for_m(10**5).block_m == large
     narrow = choose_tunings(LayerConfig(n=1024, k=4096, scheme="w8a8-fp8-channel"), sm90, stored=False)
     assert narrow.for_m(1).split_k == 8  # 8 n tiles, 64 units
+    for scheme in ("w8a8-fp8-channel", "w4a8-mxfp4-fp8"):  # 2 n tiles: 22 units of 192 tokens; 128 of 64, no split
+        t = choose_tunings(LayerConfig(n=256, k=8192, scheme=scheme), sm90, stored=False).for_m(4096)
+        assert (t.block_m, t.split_k) == (64, 1), (scheme, t)
 
 
 def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:

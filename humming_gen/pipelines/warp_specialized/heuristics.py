@@ -126,8 +126,8 @@ def choose_moe_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
 
 # 8-bit activations (compose_a8): 128-row tiles; every bucket on sm_90a (humming_gen.heuristics.choose), token tiles of
 # the bucket's M up to 128 (64 where 128-token tiles would leave a quarter of the SMs idle; 192 from the 4096 bucket
-# where no activation groups are promoted), split-K to one wave (half a wave where the CTAs stream 8-bit weights with
-# channel scales, up to 64 tokens: _streams_weights).
+# where no activation groups are promoted and those tiles fill the SMs), split-K to one wave (half a wave where the
+# CTAs stream 8-bit weights with channel scales, up to 64 tokens: _streams_weights).
 A8_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 A8_BLOCK_K = 128  # one 128-byte swizzle panel of codes per token and stage; fp8 partial sums promoted per stage
 
@@ -156,7 +156,11 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
     n_tiles = math.ceil(layer.n / compose_a8.BLOCK_N)
     k_tiles = math.ceil(layer.k / A8_BLOCK_K)
     block_m = 128 if m_max is None else min(128, math.ceil(m_max / 8) * 8)
-    if (m_max is None or m_max >= A8_LARGE_FROM_BUCKET) and activation_group_k(layer) is None:
+    # 192-token tiles in a bounded bucket only where they fill the SMs without split-K (narrow layers keep the
+    # 64 / 128 rule below: 192-token split-K tiles are unmeasured and GPU-untested)
+    large = m_max is None or (m_max >= A8_LARGE_FROM_BUCKET
+                              and n_tiles * math.ceil(m_max / A8_LARGE_BLOCK_M) >= 0.75 * target.sm_count)
+    if large and activation_group_k(layer) is None:
         block_m = A8_LARGE_BLOCK_M
     elif m_max is not None and m_max > 64 and n_tiles * math.ceil(m_max / 128) < 0.75 * target.sm_count:
         block_m = 64
