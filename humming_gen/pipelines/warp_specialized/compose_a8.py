@@ -8,9 +8,10 @@ w the slice's 16-row tile w.
 Scales as on the standard pipeline: per-channel / tensor weight scales and per-token / tensor activation scales
 multiply the output in the epilogue; group and block scales multiply the partial sums when they are promoted into
 the fp32 accumulators, every kPromoteK = gcd(block_k, group sizes); the producer stages a stage's group scales with
-it (the tile's weight scales by bulk copy, fp32 activation scales by cp.async; e8m0 ones stay global reads), so a
-promotion reads shared memory. Folded e8m0 group scales (LayerConfig.fold_scales,
-components.numeric.exponent_fold) are no promoted groups: the widened weights carry them, their exponent deltas
+it (the tile's weight scales by bulk copy, fp32 activation scales by cp.async, MXFP8's e8m0 bytes by 4-byte cp.async
+where K is whole stages, else global reads: staged_e8m0_scales), so a promotion reads shared memory. Folded e8m0
+group scales (LayerConfig.fold_scales, components.numeric.exponent_fold) are no promoted groups: the widened
+weights carry them, their exponent deltas
 staged after each stage's weights, and the rows' factor multiplies the output with out_scale. fp8 partial sums are promoted at least every
 block_k (128) k, since wgmma's fp8 accumulation keeps fewer than fp32's bits (DeepSeek-V3 report, section 3.3.2:
 about 14 bits on H800; DeepGEMM promotes every 128 k likewise); int8 ones are exact s32 over the whole of K.
@@ -136,8 +137,7 @@ def weight_scale_bytes(layer: LayerConfig) -> int:
 
 
 def staged_activation_scales(layer: LayerConfig) -> bool:
-    """fp32 activation group scales are staged with the codes (4-byte cp.async); e8m0 bytes are read from global
-    memory at promotion."""
+    """fp32 activation group scales are staged with the codes (4-byte cp.async); e8m0 bytes: staged_e8m0_scales."""
     return standard_a8.activation_group_k(layer) is not None and not standard_a8.activation_e8m0(layer)
 
 

@@ -186,11 +186,11 @@ def tuning_for_a8(layer: LayerConfig, target: Target, m_max: int | None) -> Tuni
 
 def _streams_weights(layer: LayerConfig) -> bool:
     """8-bit weights with channel or tensor scales: nothing widened or promoted per weight group, so the CTAs of a
-    bucket up to 64 tokens stream weights and half the SMs' worth of units suffice; split-K slices for the rest cost more than they
-    bring (H200, 8192 x 8192, graph us with the quantization, 64 units of one k slice against 128 of two: fp8 channel
-    M = 1 22.9 / 25.4, M = 16 23.7 / 27.9, M = 32 24.8 / 33.1, M = 64 27.7 / 35.7; int8 22.9 / 25.7, 23.5 / 27.8,
-    24.3 / 33.2, 25.3 / 34.8; W4A8 MXFP4 and fp8 block128, whose CTAs widen or promote, keep two: W4A8 M = 1 21.2 /
-    28.6, block128 M = 64 28.5 / 31.1; bench/a8_sweep.py small)."""
+    bucket up to 64 tokens stream weights and half the SMs' worth of units suffice; split-K slices for the rest cost
+    more than they bring (H200, 8192 x 8192, graph us with the quantization, 64 units of one k slice / 128 of two:
+    fp8 channel M = 1 22.9 / 25.4, M = 16 23.7 / 27.9, M = 32 24.8 / 33.1, M = 64 27.7 / 35.7; int8 22.9 / 25.7,
+    23.5 / 27.8, 24.3 / 33.2, 25.3 / 34.8). W4A8 MXFP4 and fp8 block128, whose CTAs widen or promote, keep two
+    slices (two / one: W4A8 M = 1 21.2 / 28.6, block128 M = 64 28.5 / 31.1; bench/a8_sweep.py small)."""
     from humming_gen.pipelines.standard.compose_a8 import activation_group_k, nibble_order
 
     return (nibble_order(layer) is None and compose_a8.promoted_weight_group_k(layer) is None
@@ -234,7 +234,8 @@ def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved
     kernels' 128-row tiles and 128-k stages, except that an 8-token tile takes 256-k stages (the producer gathers
     16 rows of 128 codes per pass, 8 of 256). Tokens per tile as the 16-bit MoE buckets (MOE_BUCKETS), capped at 32
     where activation group scales are promoted several times a stage (MXFP8's groups of 32: the dense buckets' 64
-    tokens spill beside the lookups of each token's activation row)."""
+    tokens spill beside the lookups of each token's activation row, where the e8m0 scales are read at promotion;
+    staged ones, STAGE_E8M0_SCALES, compile without spills up to 128 tokens, unmeasured, so the cap stays)."""
     from humming_gen.pipelines.standard.compose_a8 import activation_group_k
 
     block_k = next(k for k in (A8_BLOCK_K, 2 * A8_BLOCK_K) if block_m % gathered_rows_per_pass(k, 1) == 0)
