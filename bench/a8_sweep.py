@@ -38,7 +38,8 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
                          dict(block_m=128, acluster=True)],
             "overlap": [dict(), dict(overlap=False), dict(block_m=128), dict(block_m=128, overlap=False)],
             # small M: the bucket's own tuning (not the open-ended one's) against other splits and token tiles
-            "small": [dict(), dict(split_k=1), dict(split_k=4), dict(block_m=32), dict(block_m=32, split_k=1),
+            "small": [dict(), dict(split_k=1), dict(split_k=2), dict(split_k=4), dict(block_m=32),
+                      dict(block_m=32, split_k=1),
                       dict(block_m=64, split_k=1), dict(block_m=64, split_k=2), dict(block_m=128, split_k=2),
                       dict(raster="n_major"), dict(raster="m_band")]}[MODE]
 torch.manual_seed(0)
@@ -56,8 +57,10 @@ for name in presets:
         for v in VARIANTS:
             fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap")}
             t = attrs.evolve(base, **fields)
+            if t.split_k > 1 and t.raster == "m_band" and "raster" not in fields:
+                t = attrs.evolve(t, raster="n_major")  # split-K units walk n-major (an m_band bucket split)
             if t.split_k > 1 and t.raster == "m_band" or (v and v == fields and t == base):
-                continue  # split-K units walk n-major; a variant that is the bucket's own
+                continue  # an m_band variant of a split bucket; a variant that is the bucket's own
             t = weight_multicast(t) if v.get("cluster") else t
             t = activation_multicast(t) if v.get("acluster") else t
             if v:  # as many stages as shared memory holds
