@@ -606,3 +606,47 @@ def test_staged_e8m0_activation_scales_compile_without_spills(monkeypatch, weigh
     g64 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=64, scale_dtype="float8e8m0")
     assert not compose_a8.staged_e8m0_scales(LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(g64)), 128)
     assert compose_a8.staged_e8m0_scales(layer, 128)
+
+
+@pytest.mark.parametrize("scheme,block_m,gemm", [("w8a8-fp8-block128", 128, "dense"), ("w8a8-fp8-block128", 64, "dense"),
+                                                  ("w8a8-fp8-block128", 32, "indexed"), ("g32", 128, "dense")])
+def test_lane_major_scales_pair_each_token_and_compile(monkeypatch, scheme: str, block_m: int, gemm: str) -> None:
+    """compose_a8.LANE_MAJOR_SCALES (opt-in, GPU-untested): the producer's slot position of token 8j + 2t + h (taken
+    from the source) is float 2j + h of lane row t, the consumer's 16-byte load of tiles j, j + 1 (j even) reads its
+    row there; the four rows start in four different 16-byte bank groups; the slots fit the stage; NVRTC compiles
+    without spills, with one 16-byte scale load per two m tiles (no 8-byte ones left)."""
+    monkeypatch.setattr(compose_a8, "LANE_MAJOR_SCALES", True)
+    s = _mxfp4_weights(G32) if scheme == "g32" else hg.scheme(scheme)
+    moe = gemm == "indexed"
+    layer = LayerConfig(n=4000, k=3072, scheme=s, has_bias=True, num_experts=8 if moe else 1)
+    target = get_target("sm_90a")
+    if moe:
+        from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings
+
+        base = choose_moe_tunings(layer, target).for_m(10**5)
+    else:
+        base = choose_tunings(layer, target, stored=False).for_m(10**5)
+    tuning = restaged(layer, target, base, block_m=block_m)
+    plan = compose(layer, ComputeConfig(gemm=gemm, topk_weight=moe), tuning, target)
+    kernel = build(plan)
+    src, c = kernel.source, _constants(kernel.source)
+    lane = c["kScaleLaneFloats"]
+    assert lane == block_m // 4 + 4 and c["kActivationScaleOffset"] % 16 == 0
+    assert c["kActivationScaleOffset"] + c["kStageActivationGroups"] * 4 * lane * 4 <= c["kStageBytes"]
+    at = re.search(r"const int at = (.+?);\n", src).group(1)
+    py = lambda e: e.replace("cfg::", "").replace("/", "//")  # noqa: E731
+    for i in range(c["kStageActivationGroups"]):
+        where = {eval(py(at), {"i": i, "token": tok, "kScaleLaneFloats": lane}): tok for tok in range(block_m)}
+        assert len(where) == block_m  # no two tokens in one place
+        for t in range(4):
+            for j in range(block_m // 8):
+                for h in range(2):  # the consumer's float 2j + h of row t of slot i
+                    assert where[i * 4 * lane + t * lane + 2 * j + h] == 8 * j + 2 * t + h, (i, t, j, h)
+    assert "* (4 * cfg::kScaleLaneFloats) +" in src and "threadIdx.x % 4 * cfg::kScaleLaneFloats;" in src
+    assert "if (j % 2 == 0) quad = *reinterpret_cast<const float4*>(a_lane + 2 * j);" in src
+    assert "j % 2 == 0 ? make_float2(quad.x, quad.y) : make_float2(quad.z, quad.w)" in src and "a_pairs" not in src
+    assert len({t * lane % 32 // 4 for t in range(4)}) == 4  # 4-byte banks: rows in distinct 16-byte groups
+    r = kernel.resources
+    assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, r
+    # 48 tokens: odd m tiles in an overlapped half, the 8-byte layout stays
+    assert not compose_a8.lane_major_scales(layer, attrs.evolve(tuning, block_m=48))
