@@ -328,4 +328,5 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "staged_e8m0": self.staged_e8m0, "lane_major": self.lane_major_scales, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
+                "staged_e8m0": self.staged_e8m0, "lane_major": self.lane_major_scales,
+                "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
