@@ -84,16 +84,22 @@ def test_units_cover_every_tile_and_k_slice_once(plan, tmp_path) -> None:
         assert len({u[1] for u in first}) == 1
 
 
-def _cluster_plans():
+def _multicast_plans(multicast, shapes, variants: list[dict]):
+    """Plans of the 4096 bucket's tuning of each (n, k, scheme), changed by each variant, 5 stages, then clustered."""
     plans = []
-    for n, k, scheme in ((8192, 8192, "w8a8-fp8-channel"), (576, 7168, "w8a8-int8-channel"),
-                         (4000, 3072, "w8a8-fp8-block128")):
+    for n, k, scheme in shapes:
         layer = LayerConfig(n=n, k=k, scheme=scheme)
         base = choose_tunings(layer, SM90, stored=False).for_m(4096)
-        for block_m in (128, 192):
-            t = weight_multicast(attrs.evolve(base, block_m=block_m, stages=5))
+        for changes in variants:
+            t = multicast(attrs.evolve(base, stages=5, **changes))
             plans.append(compose(layer, ComputeConfig(), t, SM90))
     return plans
+
+
+def _cluster_plans():
+    return _multicast_plans(weight_multicast, ((8192, 8192, "w8a8-fp8-channel"), (576, 7168, "w8a8-int8-channel"),
+                                               (4000, 3072, "w8a8-fp8-block128")),
+                            [dict(block_m=128), dict(block_m=192)])
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
@@ -125,15 +131,10 @@ def test_cluster_pairs_share_an_n_tile_and_cover_every_tile_once(plan, tmp_path)
 
 
 def _activation_cluster_plans():
-    plans = []
-    for n, k, scheme in ((8192, 8192, "w8a8-fp8-channel"), (4096, 3072, "w8a8-fp8-block128"),
-                         (768, 7168, "w8a8-int8-channel")):
-        layer = LayerConfig(n=n, k=k, scheme=scheme)
-        base = choose_tunings(layer, SM90, stored=False).for_m(4096)
-        for block_m, raster in ((128, "m_band"), (192, "m_band"), (128, "n_major")):
-            t = activation_multicast(attrs.evolve(base, block_m=block_m, raster=raster, stages=5))
-            plans.append(compose(layer, ComputeConfig(), t, SM90))
-    return plans
+    return _multicast_plans(activation_multicast, ((8192, 8192, "w8a8-fp8-channel"),
+                                                   (4096, 3072, "w8a8-fp8-block128"), (768, 7168, "w8a8-int8-channel")),
+                            [dict(block_m=128, raster="m_band"), dict(block_m=192, raster="m_band"),
+                             dict(block_m=128, raster="n_major")])
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
