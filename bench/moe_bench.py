@@ -110,15 +110,6 @@ ANCHORS: dict[tuple[str, str, str], tuple[float, ...] | str] = {
 ANCHOR_MS = ALL_MS
 
 # Humming's weight and input configs (HummingLayer(weight_config=..., input_config=...)) per format
-HUMMING_FORMATS = {
-    "w4a16-int4-g128": (dict(dtype="int4", group_size=128), None),
-    "w4a16-mxfp4": (dict(dtype="float4e2m1", group_size=32, scale_dtype="float8e8m0"), None),
-    "w4a8-mxfp4-fp8": (dict(dtype="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
-                       dict(dtype="float8e4m3", quant_mode="dynamic_token")),
-    "w8a8-fp8-block128": (dict(dtype="float8e4m3", group_size=128, group_size_n=128),
-                          dict(dtype="float8e4m3", quant_mode="dynamic_group", group_size=128, scale_dtype="float32")),
-}
-
 _T0 = time.perf_counter()
 
 
@@ -725,6 +716,7 @@ class Bench:
     # --- Humming ---------------------------------------------------------------------------------------------------
     def humming_layers(self, fmt: str, e: int, n: int, k: int, pad: tuple[int, int]):
         """L HummingLayers of random (E, N, K) experts -> (layers, layer 0's quantized tensors, weight schema)."""
+        from humming_gen.bench.humming import FORMATS as HUMMING_FORMATS
         from humming_gen.bench.humming import HummingUnavailable
 
         if fmt not in HUMMING_FORMATS:

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import torch
 
-# preset -> (weight_config, input_config): Humming's schema fields (humming/schema/humming.py). An input_config
-# quantizes x inside Humming's forward (dynamic per token, or per group of `group_size` along K).
+# preset -> (weight_config, input_config): Humming's schema fields (humming/schema/humming.py), for the dense
+# bench and bench/moe_bench.py alike. An input_config quantizes x inside Humming's forward (dynamic per token, or per
+# group of `group_size` along K; quant_mode as Humming derives it when left out).
 FORMATS = {"w4a16-int4-g128": (dict(dtype="int4", group_size=128), None),  # symmetric: no zero point
            "w3a16-int3-g128": (dict(dtype="int3", group_size=128), None),
            "w8a16-int8-channel": (dict(dtype="int8"), None),  # group_size 0: one scale per output channel
-           "w8a8-fp8-channel": (dict(dtype="float8e4m3"), dict(dtype="float8e4m3")),
-           "w8a8-int8-channel": (dict(dtype="int8"), dict(dtype="int8")),
+           "w4a16-mxfp4": (dict(dtype="float4e2m1", group_size=32, scale_dtype="float8e8m0"), None),
+           "w8a8-fp8-channel": (dict(dtype="float8e4m3"), dict(dtype="float8e4m3", quant_mode="dynamic_token")),
+           "w8a8-int8-channel": (dict(dtype="int8"), dict(dtype="int8", quant_mode="dynamic_token")),
            "w8a8-fp8-block128": (dict(dtype="float8e4m3", group_size=128, group_size_n=128),
-                                 dict(dtype="float8e4m3", group_size=128)),
+                                 dict(dtype="float8e4m3", quant_mode="dynamic_group", group_size=128,
+                                      scale_dtype="float32")),
            "w4a8-mxfp4-fp8": (dict(dtype="float4e2m1", group_size=32, scale_dtype="float8e8m0"),
-                              dict(dtype="float8e4m3"))}
+                              dict(dtype="float8e4m3", quant_mode="dynamic_token"))}
 
 
 class HummingUnavailable(Exception):
