@@ -19,6 +19,7 @@ so a stage of a 128-row tile is one contiguous copy and a thread reads one word 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
@@ -37,6 +38,7 @@ EXPONENT_SHIFT = 3  # e4m3's exponent field starts at bit 3
 E4M3 = dtype("float8e4m3")
 
 
+@functools.cache  # ~30 encode / decode round trips, asked per expert and per kernel: most of a QuantMoE's build
 def exponent_window(weight: DType) -> tuple[int, int] | None:
     """(lo, hi): the deltas d for which every nonzero value of `weight` times 2^d is a normal e4m3 value, or None
     where there is none (an interval: the smallest magnitude bounds lo, the largest bounds hi). The folded lookup

@@ -28,7 +28,7 @@ from humming_gen.pipelines.standard.moe import (MOE_GEMMS, expert_bytes, expert_
                                                moe_schedule)
 from humming_gen.pipelines.standard.loaders import ATileCpAsync, BTileCpAsync, GroupParamsCpAsync
 from humming_gen.pipelines.standard.skeleton import StandardPipeline, WarpKReduce
-from humming_gen.schemes.packing import BLayout, BLayout8
+from humming_gen.schemes.packing import BLayout, BLayout8, BLayoutNibble8
 from humming_gen.targets import Target
 
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
@@ -63,9 +63,12 @@ def _align(x: int) -> int:
     return (x + 127) // 128 * 128
 
 
-def b_layout_of(layer: LayerConfig, tuning: TuningConfig) -> "BLayout | BLayout8":
+def b_layout_of(layer: LayerConfig, tuning: TuningConfig) -> "BLayout | BLayout8 | BLayoutNibble8":
     t = tuning
-    if layer.scheme.activation is not None:
+    if layer.scheme.activation is not None:  # 8-bit operands; weights of at most 4 bits stored as nibbles
+        order = compose_a8.nibble_order(layer)
+        if order is not None:
+            return BLayoutNibble8(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k, order=order)
         return BLayout8(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k)
     return BLayout(block_n=t.block_n, warps_n=t.warps_n, warp_k=t.block_k // t.warps_k, bits=layer.scheme.weight.bits)
 

@@ -345,9 +345,10 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout8 | BLayoutNibble8 | BLay
 
 
 def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, target: Target,
-            reasons: list[str], b_layout: BLayout8, shared: int, stage_bytes: int, a_bytes: int) -> KernelPlan:
+            reasons: list[str], b_layout: BLayout8 | BLayoutNibble8, shared: int, stage_bytes: int,
+            a_bytes: int) -> KernelPlan:
     """The components of one kernel with 8-bit activations; `reasons` are the standard compose's so far, `shared`
-    and `stage_bytes` its shared-memory figures for 8-bit weight codes (halved here for nibbles)."""
+    and `stage_bytes` its shared-memory figures (compose.shared_memory, of `b_layout`)."""
     s, a = layer.scheme, layer.scheme.activation
     t = tuning
     reasons = reasons + scheme_reasons(layer) + tuning_reasons(layer, t)
@@ -364,12 +365,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     kl = byte_layer(layer) if s4 else layer
     warp_m, warp_n, warp_k = t.block_m // t.warps_m, t.block_n // t.warps_n, t.block_k // t.warps_k
     order = nibble_order(layer)
-    if order is not None:
-        from humming_gen.pipelines.standard.compose import shared_memory  # (compose imports this module)
-
-        b_layout = BLayoutNibble8(block_n=t.block_n, warps_n=t.warps_n, warp_k=warp_k, order=order)
-        smem = attrs.evolve(shared_memory(layer, t), b=-(-b_layout.stage_bytes(t.warps_k) // 128) * 128)
-        shared, stage_bytes = smem.total, smem.stage
     if warp_m % 8:
         reasons.append(f"warp tile m = block_m/warps_m = {warp_m} is not a multiple of 8")
     reasons += b_layout.check()

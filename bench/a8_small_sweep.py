@@ -1,0 +1,51 @@
+"""Small-M sweep of the standard pipeline's 8-bit-activation kernels (mma.sync; F2FP + HMMA on sm_90a) against the
+heuristics' bucket (warp-specialized), N = K = 8192, canonical graph timing with the activation quantization: splits,
+CTAs per SM, stages and k tiles that keep the layer's weight layout (block_n, warps_n and block_k / warps_k).
+Usage: python bench/a8_small_sweep.py [preset,...] [M,...]"""
+
+from __future__ import annotations
+
+import sys
+
+import attrs
+import torch
+
+import humming_gen as hg
+from humming_gen.bench.timing import graph_time_us
+from humming_gen.config import LayerConfig
+from humming_gen.heuristics import choose_tunings
+from humming_gen.layer.weights import scales_fold
+from humming_gen.pipelines.base import TuningPlan
+from humming_gen.targets import Target
+
+presets = (sys.argv[1] if len(sys.argv) > 1 else "w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128").split(",")
+ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1,16").split(",")]
+VARIANTS = [None, dict(), dict(split_k=8), dict(split_k=2), dict(stages=4), dict(ctas_per_sm=1, stages=4),
+            dict(block_k=128, warps_k=2, split_k=8, ctas_per_sm=3, stages=4),
+            dict(block_k=128, warps_k=2, split_k=4, ctas_per_sm=3, stages=3), dict(split_k=8, stages=2)]  # None: the heuristics' own
+torch.manual_seed(0)
+n = k = 8192
+target = Target.current()
+for name in presets:
+    scheme = hg.scheme(name)
+    qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
+    layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=scales_fold(qws[0]))
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        built = []
+        for v in VARIANTS:
+            t = (choose_tunings(layer, target, stored=False).for_m(m) if v is None
+                 else attrs.evolve(choose_tunings(layer, target, pipeline="standard").for_m(m), **v))
+            try:
+                built.append(("heuristics" if v is None else f"standard {v}",
+                              [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
+            except Exception as e:
+                print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
+        times: dict[int, list[float]] = {i: [] for i in range(len(built))}
+        for _ in range(2):  # rounds alternate the candidates
+            for i, (_, layers) in enumerate(built):
+                times[i].append(graph_time_us(layers, x))
+        for i, (label, _) in enumerate(built):
+            print(f"{name} m={m} {label}: {min(times[i]):.1f} us", flush=True)
+        del built
+        torch.cuda.empty_cache()
