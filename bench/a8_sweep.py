@@ -2,9 +2,8 @@
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
 those tiles with and without two-CTA clusters sharing weight stages; or ("overlap") the promoted partial sums in two
 token halves (compose_a8.OVERLAP_PROMOTION, the default) against one set promoted after every wgmma has retired; or
-("small") the bucket of each M against other splits and token tiles; or ("lanes") fp32 staged activation scales
-lane-major against the 8-byte layout (each twice: the order of a sweep favours its first candidates).
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap|small|lanes]"""
+("small") the bucket of each M against other splits and token tiles.
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap|small]"""
 
 from __future__ import annotations
 
@@ -38,8 +37,6 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
             "acluster": [dict(), dict(block_m=192, acluster=True), dict(block_m=192, raster="n_major", acluster=True),
                          dict(block_m=128, acluster=True)],
             "overlap": [dict(), dict(overlap=False), dict(block_m=128), dict(block_m=128, overlap=False)],
-            # fp32 staged activation scales lane-major (compose_a8.LANE_MAJOR_SCALES) against the 8-byte layout
-            "lanes": [dict(), dict(lane_major=True), dict(), dict(lane_major=True)],
             # small M: the bucket's own tuning (not the open-ended one's) against other splits and token tiles
             "small": [dict(), dict(split_k=1), dict(split_k=2), dict(split_k=4), dict(block_m=32),
                       dict(block_m=32, split_k=1),
@@ -58,7 +55,7 @@ for name in presets:
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
-            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap", "lane_major")}
+            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap")}
             t = attrs.evolve(base, **fields)
             if t.split_k > 1 and t.raster == "m_band" and "raster" not in fields:
                 t = attrs.evolve(t, raster="n_major")  # split-K units walk n-major (an m_band bucket split)
@@ -69,13 +66,12 @@ for name in presets:
             if v:  # as many stages as shared memory holds
                 t = restaged(layer, target, t)
             compose_a8.OVERLAP_PROMOTION = v.get("overlap", True)
-            compose_a8.LANE_MAJOR_SCALES = v.get("lane_major", False)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1]}", flush=True)
             finally:
-                compose_a8.OVERLAP_PROMOTION, compose_a8.LANE_MAJOR_SCALES = True, False
+                compose_a8.OVERLAP_PROMOTION = True
         times: dict[int, list[float]] = {i: [] for i in range(len(built))}
         for _ in range(2):  # rounds alternate the candidates
             for i, (_, layers) in enumerate(built):

@@ -280,23 +280,6 @@ def test_staged_e8m0_activation_scales(scheme, block_m) -> None:
             _check(layer, qw, None, torch.bfloat16, m, f"staged e8m0 {scheme.activation} n={n}")
 
 
-@pytest.mark.parametrize("scheme", ["w8a8-fp8-block128", MXFP4_FP8_G32], ids=["block128", "mxfp4-x-fp8g32"])
-def test_lane_major_activation_scales(monkeypatch, scheme) -> None:
-    """compose_a8.LANE_MAJOR_SCALES (opt-in): fp32 staged activation scales lane-major, two m tiles a 16-byte
-    load; the heuristics' tiles at M = 64 ... 1000 (64 and 128 tokens, partial last tiles), odd N and K."""
-    from humming_gen.pipelines.warp_specialized import compose_a8
-
-    monkeypatch.setattr(compose_a8, "LANE_MAJOR_SCALES", True)
-    torch.manual_seed(9)
-    scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
-    for n, k in ((1024, 2048), (4000, 3072)):
-        qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
-        layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
-        assert "kScaleLaneFloats" in layer.kernel_for(1000).source, "the lane-major kernel runs"
-        for m in (64, 200, 1000):
-            _check(layer, qw, None, torch.bfloat16, m, f"lane-major scales {scheme} n={n}")
-
-
 def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:
     """NVFP4 (fp4 activations, no fp4 MMA on sm_90a; group-16 weight scales keep the fp8 kernels out): the layer
     runs the weights with bf16 activations and says so; the reference is the weight-only product."""

@@ -142,17 +142,6 @@ def test_a8_ws_gemms_write_exactly_the_routed_rows(preset: str) -> None:
     assert tiles == ({8, 16, 32} if preset == "w8a8-mxfp8" else {8, 16, 64, 128}), tiles
 
 
-def test_a8_ws_lane_major_scales_gemms_write_exactly_the_routed_rows(monkeypatch) -> None:
-    """compose_a8.LANE_MAJOR_SCALES (opt-in): DeepSeek's 1 x 128 activation scales staged lane-major through the
-    routing's rows, check_routed_gemms on every bucket forced onto the warp-specialized pipeline."""
-    from humming_gen.pipelines.warp_specialized import compose_a8
-
-    monkeypatch.setattr(compose_a8, "LANE_MAJOR_SCALES", True)
-    moe, q13, q2, b13, b2 = _layer("w8a8-fp8-block128", 19, seed=10, pipeline="warp_specialized", biases=True,
-                                   fused=False)
-    check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES + (300, 400), _ragged_routing, "block128 lane-major")
-
-
 def test_a8_ws_staged_e8m0_gemms_write_exactly_the_routed_rows(monkeypatch) -> None:
     """compose_a8.STAGE_E8M0_SCALES (the default): MXFP8's e8m0 scales staged through the routing's rows (indexed;
     8-token tiles of 256-k stages, 8 bytes a token), check_routed_gemms on every bucket forced onto the

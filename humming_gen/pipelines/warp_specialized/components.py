@@ -72,7 +72,6 @@ class ActivationScalesStage(Component):
                                                    "load_activation_scales_stage"})
     gather: bool = option_field()  # MoE (indexed): a token's scales are those of the row its assignment reads
     e8m0: bool = option_field()  # e8m0 bytes (MXFP8): a token's groups of a stage, [kBlockM][group slot]
-    lane_major: bool = option_field()  # fp32 [slot][t][kScaleLaneFloats] (compose_a8.LANE_MAJOR_SCALES)
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
@@ -260,8 +259,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     overlap: bool = option_field()
     # e8m0 activation group scales staged with the codes as bytes (ActivationScalesStage.e8m0)
     staged_e8m0: bool = option_field()
-    # fp32 staged activation scales lane-major, read two m tiles a 16-byte load (ActivationScalesStage.lane_major)
-    lane_major_scales: bool = option_field()
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -328,5 +325,4 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "staged_e8m0": self.staged_e8m0, "lane_major": self.lane_major_scales,
-                "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
+                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}

@@ -84,13 +84,6 @@ OVERLAP_PROMOTION = True
 STAGE_E8M0_SCALES = True
 
 
-# fp32 activation group scales staged lane-major ([slot][t][j][h], rows padded 16 bytes): a consumer thread reads
-# the token pairs of two m tiles in one 16-byte load instead of one 8-byte load each, halving the consumers' scale
-# loads (block128 at 128 tokens measured L1/TEX-bound, 87 % at M = 4096). Opt-in, CPU-tested only (NVRTC without
-# spills, the layout's pairing); tiles of a multiple of 32 tokens (even m tiles in each overlapped half).
-LANE_MAJOR_SCALES = False
-
-
 @attrs.frozen
 class SmemPlanA8:
     a: int
@@ -157,17 +150,6 @@ def staged_e8m0_scales(layer: LayerConfig, block_k: int) -> bool:
             and block_k // g in (4, 8, 16) and layer.k % block_k == 0)
 
 
-def lane_major_scales(layer: LayerConfig, tuning: TuningConfig) -> bool:
-    """fp32 staged activation scales in the lane-major layout (LANE_MAJOR_SCALES, tiles of 32-token multiples)."""
-    return LANE_MAJOR_SCALES and staged_activation_scales(layer) and tuning.block_m % 32 == 0
-
-
-def scale_lane_floats(block_m: int) -> int:
-    """Floats of one lane row t of a lane-major scale slot: its kBlockM / 4 tokens and 16 bytes of padding, so the
-    four rows of a consumer warp's 16-byte loads start 16 bytes apart in the banks."""
-    return block_m // 4 + 4
-
-
 def staged_scale_bytes(layer: LayerConfig, block_k: int) -> int:
     """Bytes of one staged activation scale: 4 (fp32), 1 (e8m0, STAGE_E8M0_SCALES), 0 where none is staged."""
     return 4 if staged_activation_scales(layer) else 1 if staged_e8m0_scales(layer, block_k) else 0
@@ -178,8 +160,7 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     w_group, a_group = promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)
     w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer) if w_group is not None else 0
     scale_bytes = staged_scale_bytes(layer, t.block_k)
-    slot = 4 * scale_lane_floats(t.block_m) if lane_major_scales(layer, t) else t.block_m
-    a_scales = stage_groups(t.block_k, a_group) * slot * scale_bytes if scale_bytes else 0
+    a_scales = stage_groups(t.block_k, a_group) * t.block_m * scale_bytes if scale_bytes else 0
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
                       activation_scales=a_scales, staging=staging_bytes(layer, t))
@@ -360,7 +341,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     scale_bytes = staged_scale_bytes(layer, t.block_k)
     e8m0_staged = scale_bytes == 1
     if scale_bytes:
-        memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged, lane_major=lane_major_scales(layer, t)))
+        memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
     overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
         weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
@@ -402,8 +383,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
-                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged,
-                                         lane_major_scales=lane_major_scales(layer, t))
+                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -460,17 +440,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kActivationGroupK", g, "k elements per activation scale group"),
                       ("kActivationGroups", math.ceil(layer.k / g), "activation scale groups per token")]
     if scale_bytes:
-        lane_major = lane_major_scales(layer, t)
-        order = ("[kBlockM][group slot] e8m0 bytes" if e8m0_staged else "[group slot][t][kScaleLaneFloats] fp32"
-                 if lane_major else "[group slot][kBlockM] fp32")
-        offset = scales_offset + smem.weight_scales
-        if lane_major and offset % 16:
-            raise compose_error([f"lane-major activation scales at byte {offset} of the stage: not 16-byte aligned"])
+        order = "[kBlockM][group slot] e8m0 bytes" if e8m0_staged else "[group slot][kBlockM] fp32"
         constants += [("kStageActivationGroups", stage_groups(t.block_k, g), "activation scale groups per stage"),
-                      ("kActivationScaleOffset", offset,
+                      ("kActivationScaleOffset", scales_offset + smem.weight_scales,
                        f"a stage's activation group scales: {order}, after the weight scales")]
-        constants += ([("kScaleLaneFloats", scale_lane_floats(t.block_m), "floats of a lane row t of a scale slot "
-                        "(tokens 8j + 2t + h at 2j + h), 16 bytes of padding")] if lane_major else [])
     elif gather and agroups:  # e8m0 scales read from global memory through the consumers' row lookup
         constants.append(("kActivationRowRegs", -(-t.block_m // 32), "registers of a warp's lanes holding the "
                           "activation row of each token of the unit, one per 32 tokens"))
