@@ -119,6 +119,9 @@ class WeightLayout:
     dtype: str               # compute type of scales and zero terms
     # e8m0 group scales also split into b_exponent and a row factor in out_scale (components.numeric.exponent_fold)
     fold_scales: bool = False
+    # the group scales carry 2^scale_exponent for the float converter (pipelines.common.scale_exponent), each row's
+    # range factor in out_scale
+    scale_exponent: int = 0
 
 
 # --- the plan -----------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 from humming_gen.components.base import Component
-from humming_gen.components.numeric.convert import kernel_codes_offset, select_converter
+from humming_gen.components.numeric.convert import FloatPlaceConvert, kernel_codes_offset, select_converter
 from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedShiftExtract
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
@@ -80,6 +82,36 @@ def has_out_scale(scheme: QuantScheme) -> bool:
     return bool(scheme.granularity in ("channel", "tensor") and scheme.zero_point is None or scheme.global_scale)
 
 
+# Group scales carry the float converter's power of two where they can (scale_exponent); False keeps the converter's
+# own multiply everywhere (a switch for A/B measurements, bench/carry_exponent.py).
+CARRY_CONVERTER_EXPONENT = True
+
+
+def scale_exponent(layer: LayerConfig, group: GroupPlan | None, warp_k: int) -> int:
+    """The exponent e of the power of two 2^e that the layer's stored group scales carry in place of its float
+    converter's exact multiply (FloatPlaceConvert.exponent_shift): one packed fma fewer per dequantized register
+    (MXFP4 / NVFP4 on 16-bit activations: 2^126 into bf16). 0 where the converter has none, the activations are
+    quantized, or the group scale does not multiply every weight: zero points, or groups a warp's k slice lies in
+    (`warp_k`, the layout's; the standard pipeline may hoist those to fp32 partial sums, which a carried 2^126
+    would meet as products of 2^-126 times the weight). Decided by (layer, layout) alone, so every bucket of a
+    layer agrees. prepare_weight keeps each row's scales in range with a power of two in out_scale."""
+    s = layer.scheme
+    if not CARRY_CONVERTER_EXPONENT or group is None or s.activation is not None or s.zero_point is not None:
+        return 0
+    if s.granularity == "channel":
+        return 0
+    if not group.arbitrary and group.group_size % warp_k == 0:
+        return 0
+    converter = select_converter(s.weight, layer.dtype)
+    return converter.exponent_shift if isinstance(converter, FloatPlaceConvert) else 0
+
+
+def out_scale_of(layer: LayerConfig, group: GroupPlan | None, warp_k: int) -> bool:
+    """Whether the kernel multiplies output columns by out_scale: the scheme's channel / tensor / global scales,
+    or the rows' range factor of group scales that carry the converter's power of two (scale_exponent)."""
+    return has_out_scale(layer.scheme) or scale_exponent(layer, group, warp_k) > 0
+
+
 def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *,
                    quantized_activations: bool = False, moe_gemms: tuple[str, ...] = (),
                    quantized_output: bool = False) -> list[str]:
@@ -115,8 +147,8 @@ def common_reasons(layer: LayerConfig, compute: ComputeConfig, target: Target, *
     return reasons
 
 
-def dequant_chain(layer: LayerConfig, group: GroupPlan | None, warp_m_tiles: int, slice_scale: bool
-                  ) -> tuple[list[Component], Component, bool]:
+def dequant_chain(layer: LayerConfig, group: GroupPlan | None, warp_m_tiles: int, slice_scale: bool,
+                  warp_k: int) -> tuple[list[Component], Component, bool]:
     """(numeric components, the scale-apply component, conversion merged into extraction) for the layer.
 
     A conversion that is an OR of a magic number merges into the extraction's LOP3 and is not rendered; a
@@ -126,6 +158,9 @@ def dequant_chain(layer: LayerConfig, group: GroupPlan | None, warp_m_tiles: int
     s = layer.scheme
     dtype = layer.dtype
     converter = select_converter(s.weight, dtype)
+    if scale_exponent(layer, group, warp_k):  # the group scales carry the converter's power of two
+        assert isinstance(converter, FloatPlaceConvert) and not slice_scale
+        converter = attrs.evolve(converter, scale_carries_exponent=True)
     offset = kernel_codes_offset(s.weight)
     apply = scale_apply(group, s.zero_point, converter.bias, offset, dtype, slice_scale)
     or_bits = getattr(converter, "or_bits", None)
@@ -154,15 +189,16 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: Grou
     s = layer.scheme
     return WeightLayout(b_layout=b_layout, n_pad=n_pad, k_pad=padded_k(layer),
                         group_size=group.group_size if group else None, group_rows=group.rows if group else None,
-                        out_scale=has_out_scale(s),
+                        out_scale=out_scale_of(layer, group, b_layout.warp_k),
                         code_offset=kernel_codes_offset(s.weight),
                         converter_bias=select_converter(s.weight, layer.dtype).bias, zero_point=s.zero_point,
-                        dtype=layer.dtype)
+                        dtype=layer.dtype, scale_exponent=scale_exponent(layer, group, b_layout.warp_k))
 
 
-def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
+def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool, warp_k: int,
                compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
-    """The Params fields of a dense (or, with an MoE `compute`, MoE) kernel, in struct order."""
+    """The Params fields of a dense (or, with an MoE `compute`, MoE) kernel, in struct order (`warp_k`: the weight
+    layout's, for out_scale_of)."""
     dtype = layer.dtype
     args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
             KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
@@ -172,7 +208,7 @@ def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool,
         if "b_zero" in group.tensors:
             args.append(KernelArg("b_zero", "const void*", WEIGHT, f"negated zero terms [group][n_pad] {dtype}",
                                   tensor="b_zero"))
-    if has_out_scale(layer.scheme):
+    if out_scale_of(layer, group, warp_k):
         args.append(KernelArg("out_scale", "const void*", WEIGHT, "per-column fp32 scale [n_pad]", tensor="out_scale"))
     if layer.has_bias:
         args.append(KernelArg("bias", "const void*", BIAS, f"bias [n] {dtype}"))

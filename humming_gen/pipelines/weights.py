@@ -65,15 +65,19 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
         extra = qw.channel_scale.to(device, torch.float32)
 
     b_scale = b_zero = out_scale = None
+    row_exponent = None  # each row's power of two in out_scale, where the group scales carry the converter's
     if lay.group_size is not None:
         sc = _scales_per_element_row(qw, scales, lay.group_size, lay.group_rows)
         if extra is not None and not lay.out_scale:
             sc = sc * extra[None, :]
+        span = sc.abs().min().item(), sc.abs().max().item()
+        if lay.scale_exponent:
+            sc, row_exponent = _carry_exponent(sc, lay.scale_exponent, layer.dtype)
         sc_dt = sc.to(dt)
         if not torch.isfinite(sc_dt).all() or bool(((sc_dt == 0) & (sc != 0)).any()):
             hint = ("; use bfloat16 activations (8 exponent bits)" if layer.dtype == "float16"
                     else "; rescale the weights (a global scale can carry the common factor)")
-            raise ValueError(f"weight scales span [{sc.abs().min().item():.3g}, {sc.abs().max().item():.3g}], "
+            raise ValueError(f"weight scales span [{span[0]:.3g}, {span[1]:.3g}], "
                              f"beyond what {layer.dtype} group scales can hold{hint}")
         b_scale = permute_group_rows(pad_to(sc_dt, {1: lay.n_pad})).contiguous()
         if lay.zero_point is not None:
@@ -83,8 +87,25 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
             else:
                 zero = -(z * sc)
             b_zero = permute_group_rows(pad_to(zero.to(dt), {1: lay.n_pad})).contiguous()
-    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero,
-                          out_scale=_out_scale(lay, qw, scales, extra, device), k_perm=_k_perm(qw, device))
+    out_scale = _out_scale(lay, qw, scales, extra, device)
+    if row_exponent is not None:
+        out_scale[: qw.n] = torch.ldexp(out_scale[: qw.n], row_exponent)
+    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero, out_scale=out_scale,
+                          k_perm=_k_perm(qw, device))
+
+
+# largest exponent of a finite value of each 16-bit compute type
+MAX_EXPONENT = {"bfloat16": 127, "float16": 15}
+
+
+def _carry_exponent(sc: torch.Tensor, exponent: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group scales times 2^(exponent - r[n]), r[n]): the float converter's 2^exponent carried by the scales
+    (pipelines.common.scale_exponent), less each row's r >= 0 that keeps its largest scale finite in `dtype`; the
+    output scale multiplies row n by 2^r[n]. Powers of two, so exact wherever the scale itself is: the scales only
+    grow (r <= exponent, as every stored scale is at most the type's largest)."""
+    _, top = torch.frexp(sc.abs().amax(dim=0))  # largest scale of each row < 2^top
+    r = (top + exponent - (MAX_EXPONENT[dtype] + 1)).clamp(min=0, max=exponent)
+    return torch.ldexp(sc, (exponent - r)[None, :].to(sc.dtype)), r.to(torch.float32)
 
 
 def _k_perm(qw: QuantizedWeight, device: torch.device | str) -> torch.Tensor | None:

@@ -103,7 +103,9 @@ def _unpermute(t: torch.Tensor) -> torch.Tensor:
 def emulate_weight(plan, qw) -> torch.Tensor:
     """(N, K) float64 weight as the kernel dequantizes it from the prepared tensors."""
     pw = prepare_weight(plan, qw, "cpu")
-    converter = select_converter(qw.scheme.weight, plan.layer.dtype)  # its values, wherever its code renders
+    # its values, wherever its code renders (the plan's own where it renders one: scale_carries_exponent)
+    converter = next((c for c in plan.components if "convert_pair" in c.provides),
+                     select_converter(qw.scheme.weight, plan.layer.dtype))
     assert converter.bias == plan.layout.converter_bias
     apply = next(c for c in plan.components if hasattr(c, "expression"))
     codes = unpack_codes(pw.b, plan.layout.b_layout, plan.layout.n_pad, plan.layout.k_pad)[: qw.n, : qw.k].long()
@@ -113,6 +115,8 @@ def emulate_weight(plan, qw) -> torch.Tensor:
     assert tuple(pw.b_scale.shape) == (plan.group.rows, plan.layout.n_pad)
     scale = _unpermute(pw.b_scale.double())[rows, : qw.n].t()
     zero = None if pw.b_zero is None else _unpermute(pw.b_zero.double())[rows, : qw.n].t()
+    if plan.layout.out_scale:  # the epilogue's column factor (each row's range factor of carried exponents)
+        scale = scale * pw.out_scale.double()[: qw.n, None]
     if isinstance(apply, (SubtractOffsetScale, SubtractOffset)):
         return (x - apply.offset) * scale
     if isinstance(apply, (IntZeroPointScale, IntZeroPoint)):
@@ -155,6 +159,52 @@ def test_prepared_scales_dequantize_like_the_reference(case, m: int) -> None:
         assert torch.equal(got, want)
     else:  # scales rounded to the 16-bit type (fp32 block scales; float zero terms z * scale)
         torch.testing.assert_close(got, want, rtol=0, atol=2**-8 * float(want.abs().max()))
+
+
+# (id, scheme, compute type, weight magnitude): float weights whose group scales carry the converter's 2^126 (bf16)
+# or 2^14 (fp16); magnitudes that push rows' scales past what the carried exponent leaves room for (2^1 in both)
+CARRIED = [
+    ("mxfp4-bf16", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "bfloat16", 0.05),
+    ("mxfp4-bf16-large", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "bfloat16", 2.0**100),
+    ("mxfp4-fp16-large", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "float16", 2.0**8),
+    ("nvfp4-bf16", QuantScheme("float4e2m1", group_size=16, scale_dtype="float8e4m3", global_scale=True),
+     "bfloat16", 0.05),
+    ("fp8-g48-bf16", QuantScheme("float8e4m3", group_size=48, scale_dtype="bfloat16"), "bfloat16", 0.05),
+]
+
+
+@pytest.mark.parametrize("pipeline, m", [("standard", 1), ("standard", 64), ("warp_specialized", 256)])
+@pytest.mark.parametrize("case", CARRIED, ids=[c[0] for c in CARRIED])
+def test_group_scales_carry_the_converter_exponent(case, pipeline: str, m: int) -> None:
+    """Groups smaller than a warp's k slice: the converter renders no multiply (scale_carries_exponent), the scales
+    hold 2^exponent_shift less each row's factor, which out_scale restores; the weight the kernel sees is exactly
+    the reference's, also where rows' scales are too large to carry the whole 2^126 (bf16) or 2^14 (fp16).
+    The kernel computes (x * scale) in one rounding of the 16-bit type, so rows must not lose the carried bits."""
+    _, scheme, dtype, magnitude = case
+    n, k = 200, 1000
+    torch.manual_seed(7)
+    qw = scheme.quantize(torch.randn(n, k, dtype=torch.float64) * magnitude)
+    layer = LayerConfig(n, k, scheme, dtype=dtype)
+    target = get_target("sm_90a")
+    plan = compose(layer, ComputeConfig(), choose_tunings(layer, target, pipeline=pipeline).for_m(m), target)
+    converter = next(c for c in plan.components if "convert_pair" in c.provides)
+    assert converter.scale_carries_exponent and plan.layout.scale_exponent == converter.exponent_shift > 0
+    assert "fma2" not in generate(plan).split("convert_pair(u32 codes) {")[1].split("}")[0]
+    pw = prepare_weight(plan, qw, "cpu")
+    if magnitude > 1:  # some rows keep part of the exponent in out_scale
+        assert bool((pw.out_scale[:n] > 1).any())
+    assert torch.equal(emulate_weight(plan, qw), qw.dequantize(torch.float64))
+
+
+def test_hoisted_groups_keep_the_converter_multiply() -> None:
+    """Groups a warp's k slice lies in (g128) may be hoisted to fp32 partial sums in some buckets: the layer keeps
+    the converter's own multiply in every bucket (one layout for the layer)."""
+    scheme = QuantScheme("float4e2m1", group_size=128, scale_dtype="float8e8m0")
+    layer = LayerConfig(512, 1024, scheme, dtype="bfloat16")
+    target = get_target("sm_90a")
+    for m, tuning in choose_tunings(layer, target).buckets:
+        plan = compose(layer, ComputeConfig(), tuning, target)
+        assert plan.layout.scale_exponent == 0 and not plan.layout.out_scale, m
 
 
 @pytest.mark.parametrize("dtype, hint", [("bfloat16", "rescale the weights"), ("float16", "use bfloat16")])

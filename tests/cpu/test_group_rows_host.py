@@ -143,6 +143,8 @@ def test_arbitrary_group_rows_read_the_scheme_scale(case, tmp_path) -> None:
         per_nk = scheme.expand_scales(qw.scales.double(), n, k)
     else:
         per_nk = qw.scales.double().repeat_interleave(scheme.group_size, dim=1)[:, :k]
+    if plan.layout.scale_exponent:  # stored scales carry the converter's 2^e, less the row factor in out_scale
+        per_nk = per_nk * 2.0 ** plan.layout.scale_exponent / pw.out_scale.double()[:n, None]
     want_bits = per_nk.to(dt).view(torch.int16).to(torch.int64) & 0xFFFF
     ks4 = torch.stack([ks, ks + 1, ks, ks + 1], 1)
     rows4 = torch.stack([rows, rows, rows + 8, rows + 8], 1)

@@ -14,7 +14,7 @@
 //   ptx.GlobalSync()
 //   ptx.GridDependency()
 //   numeric.PlaneExtract(bits=4, or_bits=None)
-//   numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16')
+//   numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16', scale_carries_exponent=True)
 //   numeric.SubtractOffsetScale(dtype='bfloat16', offset=0.0)
 //   memory.ATileCpAsync(dtype='bfloat16', block_k=256, warp_m_tiles=1)
 //   memory.BChunkShared(bits=4)
@@ -25,7 +25,7 @@
 //   schedule.DenseSplitKSchedule(split_k=8)
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=8)
-//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
+//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False)
 //   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 32, "scale_dtype": "float8e8m0", "scale_rule": "rceil", "weight": "float4e2m1", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
@@ -71,6 +71,7 @@ struct Params {
   const void* a;  // activations (m, k) bfloat16, row stride lda
   const void* b;  // packed weights (humming_gen.schemes.packing)
   const void* b_scale;  // group scales [group][n_pad] bfloat16
+  const void* out_scale;  // per-column fp32 scale [n_pad]
   void* c;  // output (m, n) bfloat16, row stride ldc
   void* workspace;  // fp32 split-K partial tiles
   void* counters;  // int32 arrival counter per output tile, zero between launches
@@ -167,14 +168,14 @@ __device__ __forceinline__ u32 extract_code_pair(const u32 (&words)[kChunkWords]
   return pair;
 }
 
-// ---- numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16')
+// ---- numeric.FloatPlaceConvert(fmt='float4e2m1', exponent_bits=2, mantissa_bits=1, signed=True, source_bias=1, dtype='bfloat16', scale_carries_exponent=True)
 // numeric: float4e2m1 (S.E.M = 1.2.1, bias 1) code pair -> bfloat16 pair by moving exponent and
 // mantissa bits under the bfloat16 mantissa MSB and the sign to bit 15. Normals and subnormals both come out
-// as 2^-126 times the element value; the exact power-of-two multiply below restores it.
+// as 2^-126 times the element value; the group scales carry 2^126, so the scale step restores it.
 
 __device__ __forceinline__ u32 convert_pair(u32 codes) {
   const u32 x = ((codes & 0x00070007u) << 6) | ((codes & 0x00080008u) << 12);
-  return fma2(x, 0x7E807E80u, 0x80008000u);  // * 2^126
+  return x;
 }
 
 // ---- numeric.SubtractOffsetScale(dtype='bfloat16', offset=0.0)
@@ -396,8 +397,9 @@ __device__ __forceinline__ bool split_k_reduce(float (&acc)[cfg::kWarpNTiles][cf
   return true;
 }
 
-// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False)
-// epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc).
+// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False)
+// epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc), times the per-column
+// fp32 scale (channel, tensor and global scales and row factors folded together).
 // Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
 __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,
                                              int n_base, int m_base) {
@@ -409,12 +411,13 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
     for (int half = 0; half < 2; ++half) {
       const int n = n_base + nt * 16 + g + 8 * half;
       if (n >= cfg::kN) continue;
+      const float scale = static_cast<const float*>(p.out_scale)[n];
 #pragma unroll
       for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int m = m_base + mt * 8 + 2 * t + j;
-          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j]);
+          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j] * scale);
         }
       }
     }

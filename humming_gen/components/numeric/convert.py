@@ -86,11 +86,14 @@ class FloatPlaceConvert(Component):
     signed: bool
     source_bias: int
     dtype: str
+    # the group scales carry 2^exponent_shift (pipelines.common.scale_exponent): no multiply here, the output is
+    # 2^-exponent_shift times the element value and the scale step's fma makes it whole
+    scale_carries_exponent: bool = False
     bias: ClassVar[float] = 0.0
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("fma2",) if self.exponent_shift else ()
+        return ("fma2",) if self.exponent_shift and not self.scale_carries_exponent else ()
 
     provides: ClassVar[frozenset[str]] = frozenset({"convert_pair"})
 
@@ -109,15 +112,16 @@ class FloatPlaceConvert(Component):
                "magnitude_shift": MANTISSA_BITS[self.dtype] - self.mantissa_bits,
                "sign_mask": lanes_hex(1 << (bits - 1)), "sign_shift": 16 - bits,
                "exponent_shift": self.exponent_shift, "exp_scale_hex": None,
-               "neg_zero_hex": lanes_hex(0x8000)}
-        if self.exponent_shift:
+               "neg_zero_hex": lanes_hex(0x8000), "scale_carries_exponent": self.scale_carries_exponent}
+        if self.exponent_shift and not self.scale_carries_exponent:
             ctx["exp_scale_hex"] = pair_hex(2.0 ** self.exponent_shift, self.dtype)
         return ctx
 
     def emulate(self, lane_code: int) -> float:
         """Python model of convert_pair on the low 16-bit lane, built from the constants the template renders:
         mask and shift the magnitude under the compute type's mantissa MSB, move the sign to bit 15, then the
-        packed fma by 2^exponent_shift (adding -0) when there is one. Returns the value after that multiply."""
+        packed fma by 2^exponent_shift (adding -0) when there is one. Returns the value after that multiply
+        (2^-exponent_shift times the element value where the scale carries the exponent)."""
         ctx = self.extra_context()
         x = (lane_code & _low(ctx["magnitude_mask"])) << ctx["magnitude_shift"]
         if self.signed:

@@ -20,7 +20,7 @@ from humming_gen.components.schedule.dense import DenseSchedule, DenseSplitKSche
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, TiledLaunch, compose_error
 from humming_gen.pipelines.common import (K_ALIGN, common_reasons, constants_table, dense_args, dequant_chain,
-                                          group_constants, group_offset_constants, group_plan, has_out_scale,
+                                          group_constants, group_offset_constants, group_plan, out_scale_of,
                                           kernel_name, missing_features, missing_symbols, padded_k, split_k_constants,
                                           split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard import compose_a8
@@ -158,7 +158,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # to the slice's fp32 partial sums (per row, once per stage) instead of to every dequantized weight.
     hoist = bool(group and not group.arbitrary and group.group_size % warp_k == 0)
     slice_scale = hoist and warp_m // 8 <= SLICE_SCALE_MAX_M_TILES and s.zero_point != "float"
-    numeric, apply, convert_in_extract = dequant_chain(layer, group, warp_m // 8, slice_scale)
+    numeric, apply, convert_in_extract = dequant_chain(layer, group, warp_m // 8, slice_scale, warp_k)
     memory: list[Component] = [ATileCpAsync(dtype=dtype, block_k=t.block_k, warp_m_tiles=warp_m // 8, gather=gather),
                                BChunkShared(bits=s.weight.bits),
                                BTileCpAsync(bits=s.weight.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
@@ -178,14 +178,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         epilogue.append(WarpKReduce(warps_k=t.warps_k))
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
-    out_scale = has_out_scale(s)
+    out_scale = out_scale_of(layer, group, warp_k)
     # (an atomic top-k reduction: the same factors, added into the tokens' fp32 rows: epilogue.topk_atomic)
     epilogue.append(fused_topk_store(compute, StoreOutput(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias, row_map=gather,
         topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "")))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
-    experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
+    experts = expert_tensors(dense_args(layer, group, False, warp_k), per_expert) if moe else ()
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=moe_name_suffix(compute))
     pipeline = StandardPipeline(kernel_name=name, group_params=group.tensors if group else (),
@@ -229,7 +229,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
 
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="standard", kernel_name=name,
                       components=components, constants=tuple(constants),
-                      args=dense_args(layer, group, t.split_k > 1, compute),
+                      args=dense_args(layer, group, t.split_k > 1, warp_k, compute),
                       layout=weight_layout(layer, b_layout, n_pad, group), group=group, shared_bytes=shared,
                       threads=t.threads, pdl=pdl,
                       launch=TiledLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n,

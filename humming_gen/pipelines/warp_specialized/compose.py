@@ -28,7 +28,7 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.pipelines.base import KernelPlan, PersistentLaunch, compose_error
 from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, common_reasons, constants_table,
                                           dense_args, dequant_chain, group_constants, group_offset_constants,
-                                          group_plan, has_out_scale, kernel_name, missing_features, missing_symbols,
+                                          group_plan, kernel_name, out_scale_of, missing_features, missing_symbols,
                                           padded_k, split_k_constants, split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard.moe import expert_bytes, expert_tensors, moe_name_suffix, moe_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
@@ -249,7 +249,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     group = group_plan(layer, t.block_k)
     hoist = bool(group and group.group_size % t.block_k == 0)
 
-    numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False)
+    numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False,
+                                                       warp_k=LAYOUT_WARP_K)
     memory: list[Component] = [ATileSw128CpAsync(dtype=dtype, gather=gather), BChunkShared(bits=s.weight.bits),
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:
@@ -267,12 +268,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # (an atomic top-k reduction adds into the tokens' fp32 rows directly, unstaged: epilogue.topk_atomic)
     staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None
     epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
-        dtype=dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s), bias=layer.has_bias,
+        dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K), bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
         gated=compute.epilogue_activation or "", tile_rows=gather)))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
-    experts = expert_tensors(dense_args(layer, group, False), per_expert) if moe else ()
+    experts = expert_tensors(dense_args(layer, group, False, LAYOUT_WARP_K), per_expert) if moe else ()
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix="_ws" + moe_name_suffix(compute))
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
@@ -326,6 +327,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                               moe_gemm=compute.gemm if moe else "")
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=dense_args(layer, group, t.split_k > 1, compute),
+                      args=dense_args(layer, group, t.split_k > 1, LAYOUT_WARP_K, compute),
                       layout=weight_layout(layer, b_layout, n_pad, group),
                       group=group, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

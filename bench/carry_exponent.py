@@ -1,0 +1,72 @@
+"""A/B of group scales that carry the float converter's power of two (pipelines.common.CARRY_CONVERTER_EXPONENT,
+the default) against the converter's own multiply per dequantized register: dense 16-bit-activation layers of float
+weights with small groups (MXFP4, NVFP4; N = K = 8192) and a gpt-oss-shaped QuantMoE (E = 128, top-4, H = I = 2880,
+MXFP4, whole forward). Graph method, both variants in one process, alternating rounds.
+Usage: python bench/carry_exponent.py [dense M list] [MoE M list]"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import humming_gen as hg
+from humming_gen.bench.timing import graph_time_us
+from humming_gen.pipelines import common
+
+DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",")]
+MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",")]
+VARIANTS = (("carried", True), ("multiply", False))
+
+
+def build(make) -> dict:
+    built = {}
+    for name, carry in VARIANTS:
+        common.CARRY_CONVERTER_EXPONENT = carry
+        try:
+            built[name] = make()
+        finally:
+            common.CARRY_CONVERTER_EXPONENT = True
+    return built
+
+
+def report(label: str, m: int, times: dict) -> None:
+    cells = " | ".join(f"{name} {min(ts):.1f}" for name, ts in times.items())
+    print(f"{label} M={m}: {cells} us", flush=True)
+
+
+torch.manual_seed(0)
+n = k = 8192
+for fmt in ("w4a16-mxfp4", "w4a16-nvfp4"):
+    qws = [hg.scheme(fmt).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
+    layers = build(lambda: [hg.QuantLinear.from_quantized(q) for q in qws])
+    x0 = torch.randn(max(DENSE_M), k, device="cuda").bfloat16()
+    ref = layers["multiply"][0](x0).float()
+    err = (layers["carried"][0](x0).float() - ref).abs().max().item() / ref.abs().max().item()
+    print(f"{fmt}: carried vs multiply, max rel diff {err:.2e}", flush=True)
+    for m in DENSE_M:
+        x = x0[:m]
+        times = {name: [] for name in layers}
+        for _ in range(2):
+            for name, ls in layers.items():
+                times[name].append(graph_time_us(ls, x))
+        report(f"{fmt} {n}x{k}", m, times)
+    del layers, qws
+    torch.cuda.empty_cache()
+
+e, top_k, h, i = 128, 4, 2880, 2880
+scheme = hg.scheme("w4a16-mxfp4")
+weights = [(torch.randn(e, 2 * i, h, device="cuda") * 0.02, torch.randn(e, h, i, device="cuda") * 0.02)
+           for _ in range(2)]
+moes = build(lambda: [hg.QuantMoE.from_float(w13, w2, scheme, activation="silu_mul") for w13, w2 in weights])
+del weights
+torch.cuda.empty_cache()
+for m in MOE_M:
+    x = torch.randn(m, h, device="cuda").bfloat16()
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e, device="cuda"), -1), top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    times = {name: [] for name in moes}
+    for _ in range(2):
+        for name, ms in moes.items():
+            times[name].append(graph_time_us([lambda x, mo=mo: mo(x, tw, ids) for mo in ms], x))
+    report("gpt-oss MoE w4a16-mxfp4", m, times)
