@@ -56,10 +56,12 @@ for fmt in ("w4a16-mxfp4", "w4a16-nvfp4"):
 
 e, top_k, h, i = 128, 4, 2880, 2880
 scheme = hg.scheme("w4a16-mxfp4")
-weights = [(torch.randn(e, 2 * i, h, device="cuda") * 0.02, torch.randn(e, h, i, device="cuda") * 0.02)
-           for _ in range(2)]
-moes = build(lambda: [hg.QuantMoE.from_float(w13, w2, scheme, activation="silu_mul") for w13, w2 in weights])
-del weights
+q13 = scheme.quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.02)  # one layer (its weights are 1.6 GB)
+torch.cuda.empty_cache()
+q2 = scheme.quantize(torch.randn(e, h, i, device="cuda") * 0.02)
+torch.cuda.empty_cache()
+moes = build(lambda: [hg.QuantMoE.from_quantized(q13, q2, activation="silu_mul")])
+del q13, q2
 torch.cuda.empty_cache()
 for m in MOE_M:
     x = torch.randn(m, h, device="cuda").bfloat16()

@@ -54,7 +54,9 @@ def emulate_prepared_weight(plan: KernelPlan, qw: QuantizedWeight, pw: PreparedW
     compute type (the packed fma), then times the fp32 per-column out_scale of the epilogue."""
     dt = plan.layer.dtype
     n, k = qw.n, qw.k
-    conv = select_converter(qw.scheme.weight, dt)
+    # the plan's converter where it renders one (its group scales may carry the converter's power of two:
+    # scale_carries_exponent), else the one merged into the extraction
+    conv = next((c for c in plan.components if "convert_pair" in c.provides), select_converter(qw.scheme.weight, dt))
     bits = qw.scheme.weight.bits
     codes = unpack_codes(pw.b, plan.layout.b_layout, plan.layout.n_pad, plan.layout.k_pad)[:n, :k].long()
     table = torch.tensor([conv.emulate(c) for c in range(1 << bits)], dtype=torch.float64, device=codes.device)
