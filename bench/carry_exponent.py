@@ -13,8 +13,9 @@ import torch
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.pipelines import common
+from moe_bench import quantize_experts
 
-DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",")]
+DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",") if v]
 MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",")]
 VARIANTS = (("carried", True), ("multiply", False))
 
@@ -37,7 +38,7 @@ def report(label: str, m: int, times: dict) -> None:
 
 torch.manual_seed(0)
 n = k = 8192
-for fmt in ("w4a16-mxfp4", "w4a16-nvfp4"):
+for fmt in ("w4a16-mxfp4", "w4a16-nvfp4") if DENSE_M else ():
     qws = [hg.scheme(fmt).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     layers = build(lambda: [hg.QuantLinear.from_quantized(q) for q in qws])
     x0 = torch.randn(max(DENSE_M), k, device="cuda").bfloat16()
@@ -56,10 +57,8 @@ for fmt in ("w4a16-mxfp4", "w4a16-nvfp4"):
 
 e, top_k, h, i = 128, 4, 2880, 2880
 scheme = hg.scheme("w4a16-mxfp4")
-q13 = scheme.quantize(torch.randn(e, 2 * i, h, device="cuda") * 0.02)  # one layer (its weights are 1.6 GB)
-torch.cuda.empty_cache()
-q2 = scheme.quantize(torch.randn(e, h, i, device="cuda") * 0.02)
-torch.cuda.empty_cache()
+q13 = quantize_experts(scheme, e, 2 * i, h)  # one layer (its packed weights are 1.6 GB)
+q2 = quantize_experts(scheme, e, h, i)
 moes = build(lambda: [hg.QuantMoE.from_quantized(q13, q2, activation="silu_mul")])
 del q13, q2
 torch.cuda.empty_cache()
