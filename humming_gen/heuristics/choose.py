@@ -41,7 +41,9 @@ SKINNY_N = 3072
 # form ptxas lowers to F2FP + HMMA on sm_90a, was slower there (H200, N = K = 8192, graph us with the activation
 # quantization, bench/ss_bench.py, standard / warp-specialized): M = 1 fp8 channel 28.3 / 26.8, fp8 block128
 # 29.9 / 24.5, int8 29.6 / 26.9, W4A8 mxfp4 x fp8 24.3 / 22.8; M = 16 30.4 / 28.1, 31.5 / 25.0, 31.5 / 29.9,
-# 31.5 / 25.5.
+# 31.5 / 25.5. Re-measured 2026-12-02 (bench/a8_small_sweep.py, best standard variant of 8 splits / CTAs / stages /
+# k tiles against the warp-specialized bucket): M = 1 W4A8 23.0 / 21.8, fp8 channel 27.0 / 22.7, fp8 block128
+# 26.1 / 22.5; M = 16 30.7 / 24.9, 29.0 / 24.7, 31.0 / 25.2.
 WS_A8_FROM_M = 1
 
 
