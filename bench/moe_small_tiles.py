@@ -74,7 +74,7 @@ def main() -> None:
                     top = top_k if weight == "w13" else 1
                     a, a_scale = first.gemm_input(x, index)
                     for name, kernel in zip(names, kernels):
-                        res = kernel.compiled.resources if hasattr(kernel, "compiled") else {}
+                        res = getattr(kernel, "resources", {})
                         launchers = [kernel.bind(layer.w13 if index == 0 else layer.w2,
                                                  layer.bias13 if index == 0 else layer.bias2, layer.device, m * top_k)
                                      for layer in layers]
