@@ -87,8 +87,15 @@ class StoreOutput(Component):
     # warp-specialized consumer holds up to 16 m tiles beside its accumulators, whose 64 more live registers would
     # spill
     tile_rows: bool = option_field()
+    # Dense: the thread's column scales and biases come from column_factors(), which the pipeline calls before its
+    # reductions (split-K: before the hand-off), so their loads overlap it instead of following the last slice's
+    # workspace reads one (n tile, half) after another (a load after a store to c waits for it)
+    preload_factors: bool = option_field()
 
     def __attrs_post_init__(self) -> None:
+        if self.preload_factors and (self.row_map or self.fragment_store or self.tile_rows or self.gated):
+            raise ValueError("StoreOutput.preload_factors is the dense store's: no row_map, fragment_store, "
+                             "tile_rows or gated")
         if self.row_map and self.fragment_store:
             raise ValueError("StoreOutput.row_map (MoE) is not combined with fragment_store")
         if self.gated not in ("", "silu_mul", "gelu_mul", "swiglu_oai"):
@@ -110,7 +117,8 @@ class StoreOutput(Component):
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         token = {"assignment_token", "assignment_token_magic"} if self.row_map and self.token_scale == "token" else set()
         return frozenset({"store_fragment" if self.fragment_store else "store_output"}
-                         | ({"gated_activation"} if self.gated else set()) | token)
+                         | ({"gated_activation"} if self.gated else set()) | token
+                         | ({"ColumnFactors", "column_factors"} if self.preload_factors else set()))
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -150,6 +158,9 @@ class StoreOutput(Component):
             gate_suffix = ((" * scale_gate[nt]" if self.out_scale else "") + token
                            + (" + bias_gate[nt]" if self.bias else ""))
             up_suffix = (" * scale_up[nt]" if self.out_scale else "") + token + (" + bias_up[nt]" if self.bias else "")
+        if self.preload_factors:
+            value = ("acc[nt][mt][2 * half + j]" + (" * f.scales[nt][half]" if self.out_scale else "") + token
+                     + (" + f.biases[nt][half]" if self.bias else ""))
         return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
                 "fragment_value_expr": "v[2 * half + j]" + fragment_suffix, "c_row": self.atom.c_row_expr,
                 "c_col": self.atom.c_col_expr, "atom_rows": self.atom.m,

@@ -33,6 +33,9 @@ from humming_gen.targets import Target
 
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
+# Dense split-K kernels load the store's column scales / biases before the reductions (StoreOutput.preload_factors);
+# False keeps the loads in the store, after the last slice's workspace reads (a switch for A/B measurements)
+PRELOAD_SPLIT_K_FACTORS = True
 
 
 @attrs.frozen
@@ -179,10 +182,12 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if t.split_k > 1:
         epilogue.append(SplitKReduce(split_k=t.split_k))
     out_scale = out_scale_of(layer, group, warp_k)
+    # dense split-K kernels load their column factors before the hand-off: off the last slice's serial tail
+    preload = PRELOAD_SPLIT_K_FACTORS and t.split_k > 1 and not moe and (out_scale or layer.has_bias)
     # (an atomic top-k reduction: the same factors, added into the tokens' fp32 rows: epilogue.topk_atomic)
     epilogue.append(fused_topk_store(compute, StoreOutput(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias, row_map=gather,
-        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "")))
+        topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", preload_factors=preload)))
     # MoE: the stacked weight tensors the kernel rebases to its block's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False, warp_k), per_expert) if moe else ()
@@ -193,7 +198,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                 convert_in_extract=convert_in_extract,
                                 warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                 pdl=pdl, arbitrary_groups=bool(group and group.arbitrary),
-                                expert_tensors=experts, grouped=moe and not gather)
+                                expert_tensors=experts, grouped=moe and not gather, preload_factors=preload)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, warp_m // 8))
                   + tuple(body))

@@ -29,6 +29,8 @@ class StandardPipeline(Component):
     # MoE (indexed): (Params field, constant of its bytes per expert) of each stacked weight tensor
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: bool = option_field()  # MoE with per-expert row windows (grouped gemm types), not gathered rows
+    # the store's column factors are loaded before the reductions (StoreOutput.preload_factors)
+    preload_factors: bool = option_field()
 
     @property
     def moe(self) -> bool:
@@ -52,6 +54,7 @@ class StandardPipeline(Component):
         needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
         needs |= {"split_k_reduce"} if self.split_k else set()
         needs |= {"kAChunksPerThread", "gather_rows"} if self.moe and not self.grouped else set()
+        needs |= {"ColumnFactors", "column_factors"} if self.preload_factors else set()
         return frozenset(needs)
 
     @property
