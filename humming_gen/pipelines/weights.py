@@ -103,8 +103,13 @@ def _carry_exponent(sc: torch.Tensor, exponent: int, dtype: str) -> tuple[torch.
     (pipelines.common.scale_exponent), less each row's r >= 0 that keeps its largest scale finite in `dtype`; the
     output scale multiplies row n by 2^r[n]. Powers of two, so exact wherever the scale itself is: the scales only
     grow (r <= exponent, as every stored scale is at most the type's largest)."""
-    _, top = torch.frexp(sc.abs().amax(dim=0))  # largest scale of each row < 2^top
+    largest = sc.abs().amax(dim=0)
+    _, top = torch.frexp(largest)  # largest scale of each row < 2^top
     r = (top + exponent - (MAX_EXPONENT[dtype] + 1)).clamp(min=0, max=exponent)
+    # a largest scale the 16-bit type does not hold (fp32 / fp16 scale dtypes) may round up to 2^top in it, which
+    # is 2^(max exponent + 1) once carried: those rows keep one more power of two in out_scale
+    carried = torch.ldexp(largest, (exponent - r).to(largest.dtype)).to(TORCH_DTYPE[dtype])
+    r = torch.where(torch.isinf(carried) & (r < exponent), r + 1, r)
     return torch.ldexp(sc, (exponent - r)[None, :].to(sc.dtype)), r.to(torch.float32)
 
 

@@ -196,6 +196,38 @@ def test_group_scales_carry_the_converter_exponent(case, pipeline: str, m: int) 
     assert torch.equal(emulate_weight(plan, qw), qw.dequantize(torch.float64))
 
 
+@pytest.mark.parametrize("scale_dtype, dtype, top", [("float32", "bfloat16", 3.9999), ("float16", "bfloat16", 3.998046875),
+                                                     ("float32", "float16", 3.9999)])
+def test_carried_scales_that_round_up_in_the_compute_type(scale_dtype: str, dtype: str, top: float) -> None:
+    """A row's largest scale just below a power of two that the 16-bit type does not hold (fp32 / fp16 scales)
+    rounds up to that power once carried; it must not overflow (the layer was refused as out of range), and the
+    kernel's weight, with its one rounding per product, is the converter-multiply path's."""
+    from numerics_check import emulate_prepared_weight
+
+    from humming_gen.pipelines import common
+    from humming_gen.schemes import QuantizedWeight
+
+    scheme = QuantScheme("float4e2m1", group_size=32, scale_dtype=scale_dtype)
+    n, k = 128, 512
+    torch.manual_seed(3)
+    qw = scheme.quantize(torch.randn(n, k, dtype=torch.float64) * 0.05)
+    scales = qw.scales.clone()
+    scales[3, 5] = top  # one group of row 3
+    qw = QuantizedWeight(scheme, qw.codes, scales)
+    layer = LayerConfig(n, k, scheme, dtype=dtype)
+    target = get_target("sm_90a")
+    weights = {}
+    for carry in (True, False):
+        old, common.CARRY_CONVERTER_EXPONENT = common.CARRY_CONVERTER_EXPONENT, carry
+        try:
+            plan = compose(layer, ComputeConfig(), choose_tunings(layer, target).for_m(1), target)
+        finally:
+            common.CARRY_CONVERTER_EXPONENT = old
+        assert bool(plan.layout.scale_exponent) == carry
+        weights[carry] = emulate_prepared_weight(plan, qw, prepare_weight(plan, qw, "cpu"))
+    assert torch.equal(weights[True], weights[False])
+
+
 def test_hoisted_groups_keep_the_converter_multiply() -> None:
     """Groups a warp's k slice lies in (g128) may be hoisted to fp32 partial sums in some buckets: the layer keeps
     the converter's own multiply in every bucket (one layout for the layer)."""
