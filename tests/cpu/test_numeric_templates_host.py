@@ -18,13 +18,15 @@ import math
 import shutil
 import subprocess
 
+import attrs
 import pytest
 import torch
 
 from helpers import FLOAT_FORMATS, INT_FORMATS
 from codegen_cases import CUSTOM_FLOAT
 from humming_gen.codegen.render import environment
-from humming_gen.components.numeric.convert import (IntMagicConvert, kernel_codes_offset, select_converter)
+from humming_gen.components.numeric.convert import (FloatPlaceConvert, IntMagicConvert, kernel_codes_offset,
+                                                    select_converter)
 from humming_gen.components.numeric.halfbits import TORCH_DTYPE, bits16
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
@@ -119,6 +121,14 @@ def _cases():
                      lambda v, s=s, zf=zf, dt=dt: _round(v * s + zf, dt))]
             for step, apply, params, expected in steps:
                 out.append((f"{name}-{dt}-{step}", name, dt, conv, apply, params, expected))
+            if isinstance(conv, FloatPlaceConvert) and conv.exponent_shift:
+                # the group scale carries the converter's 2^exponent_shift (pipelines.common.scale_exponent): the
+                # converter renders no multiply and the scale step's one rounding makes the product whole
+                carried = attrs.evolve(conv, scale_carries_exponent=True)
+                out.append((f"{name}-{dt}-scale-carried", name, dt, carried,
+                            SubtractOffsetScale(dtype=dt, offset=carried.bias + off),
+                            {"scale": _pair(math.ldexp(s, conv.exponent_shift), dt)},
+                            lambda v, s=s, dt=dt: _round(v * s, dt)))
     return out
 
 
