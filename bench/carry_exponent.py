@@ -1,7 +1,8 @@
 """A/B of group scales that carry the float converter's power of two (pipelines.common.CARRY_CONVERTER_EXPONENT,
-the default) against the converter's own multiply per dequantized register: dense 16-bit-activation layers of float
-weights with small groups (MXFP4, NVFP4; N = K = 8192) and a gpt-oss-shaped QuantMoE (E = 128, top-4, H = I = 2880,
-MXFP4, whole forward). Graph method, both variants in one process, alternating rounds.
+the default) against the converter's own multiply per dequantized register, and with the split-K kernels' column
+factors preloaded (pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS, opt-in): dense 16-bit-activation layers of
+float weights with small groups (MXFP4, NVFP4; N = K = 8192) and a gpt-oss-shaped QuantMoE (E = 128, top-4,
+H = I = 2880, MXFP4, whole forward). Graph method, the variants in one process, alternating rounds.
 Usage: python bench/carry_exponent.py [dense M list] [MoE M list]"""
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import torch
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.pipelines import common
+from humming_gen.pipelines.standard import compose as standard_compose
 from moe_bench import quantize_experts
 
 DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",") if v]
 MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",")]
-VARIANTS = (("carried", True), ("multiply", False))
+# (name, carried exponent, split-K column factors preloaded: pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS)
+VARIANTS = (("carried", True, False), ("multiply", False, False), ("carried+preload", True, True))
 
 
 def build(make) -> dict:
     built = {}
-    for name, carry in VARIANTS:
-        common.CARRY_CONVERTER_EXPONENT = carry
+    for name, carry, preload in VARIANTS:
+        common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS = carry, preload
         try:
             built[name] = make()
         finally:
-            common.CARRY_CONVERTER_EXPONENT = True
+            common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS = True, False
     return built
 
 

@@ -90,14 +90,16 @@ CARRY_CONVERTER_EXPONENT = True
 def scale_exponent(layer: LayerConfig, group: GroupPlan | None, warp_k: int) -> int:
     """The exponent e of the power of two 2^e that the layer's stored group scales carry in place of its float
     converter's exact multiply (FloatPlaceConvert.exponent_shift): one packed fma fewer per dequantized register
-    (MXFP4 / NVFP4 on 16-bit activations: 2^126 into bf16). 0 where the converter has none, the activations are
-    quantized, or the group scale does not multiply every weight: zero points, or groups a warp's k slice lies in
+    (MXFP4 / NVFP4 on bf16 activations: 2^126). 0 where the converter has none, the compute type is fp16, the
+    activations are quantized, or the group scale does not multiply every weight: zero points, or groups a warp's k slice lies in
     (`warp_k`, the layout's; the standard pipeline may hoist those to fp32 partial sums, which a carried 2^126
     would meet as products of 2^-126 times the weight). Decided by (layer, layout) alone, so every bucket of a
     layer agrees. prepare_weight keeps each row's scales in range with a power of two in out_scale."""
     s = layer.scheme
     if not CARRY_CONVERTER_EXPONENT or group is None or s.activation is not None or s.zero_point is not None:
         return 0
+    if layer.dtype != "bfloat16":  # fp16's 5 exponent bits: a row whose largest scale needs r > 0 would push its
+        return 0  # small products below fp16's exact range (rows spanning ~2^26), which the multiply keeps exact
     if s.granularity == "channel":
         return 0
     if not group.arbitrary and group.group_size % warp_k == 0:
@@ -203,7 +205,9 @@ def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool, warp_
     args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
             KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
     if group is not None:
-        args.append(KernelArg("b_scale", "const void*", WEIGHT, f"group scales [group][n_pad] {dtype}",
+        carried = scale_exponent(layer, group, warp_k)
+        note = f" times 2^({carried} - r[n]), out_scale 2^r[n] (scale_exponent)" if carried else ""
+        args.append(KernelArg("b_scale", "const void*", WEIGHT, f"group scales [group][n_pad] {dtype}{note}",
                               tensor="b_scale"))
         if "b_zero" in group.tensors:
             args.append(KernelArg("b_zero", "const void*", WEIGHT, f"negated zero terms [group][n_pad] {dtype}",

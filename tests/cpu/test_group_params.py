@@ -161,12 +161,11 @@ def test_prepared_scales_dequantize_like_the_reference(case, m: int) -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=2**-8 * float(want.abs().max()))
 
 
-# (id, scheme, compute type, weight magnitude): float weights whose group scales carry the converter's 2^126 (bf16)
-# or 2^14 (fp16); magnitudes that push rows' scales past what the carried exponent leaves room for (2^1 in both)
+# (id, scheme, compute type, weight magnitude): float weights whose group scales carry the converter's 2^126 (bf16);
+# magnitudes that push rows' scales past what the carried exponent leaves room for (2^1)
 CARRIED = [
     ("mxfp4-bf16", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "bfloat16", 0.05),
     ("mxfp4-bf16-large", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "bfloat16", 2.0**100),
-    ("mxfp4-fp16-large", QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0"), "float16", 2.0**8),
     ("nvfp4-bf16", QuantScheme("float4e2m1", group_size=16, scale_dtype="float8e4m3", global_scale=True),
      "bfloat16", 0.05),
     ("fp8-g48-bf16", QuantScheme("float8e4m3", group_size=48, scale_dtype="bfloat16"), "bfloat16", 0.05),
@@ -178,7 +177,7 @@ CARRIED = [
 def test_group_scales_carry_the_converter_exponent(case, pipeline: str, m: int) -> None:
     """Groups smaller than a warp's k slice: the converter renders no multiply (scale_carries_exponent), the scales
     hold 2^exponent_shift less each row's factor, which out_scale restores; the weight the kernel sees is exactly
-    the reference's, also where rows' scales are too large to carry the whole 2^126 (bf16) or 2^14 (fp16).
+    the reference's, also where rows' scales are too large to carry the whole 2^126.
     The kernel computes (x * scale) in one rounding of the 16-bit type, so rows must not lose the carried bits."""
     _, scheme, dtype, magnitude = case
     n, k = 200, 1000
@@ -196,8 +195,7 @@ def test_group_scales_carry_the_converter_exponent(case, pipeline: str, m: int) 
     assert torch.equal(emulate_weight(plan, qw), qw.dequantize(torch.float64))
 
 
-@pytest.mark.parametrize("scale_dtype, dtype, top", [("float32", "bfloat16", 3.9999), ("float16", "bfloat16", 3.998046875),
-                                                     ("float32", "float16", 3.9999)])
+@pytest.mark.parametrize("scale_dtype, dtype, top", [("float32", "bfloat16", 3.9999), ("float16", "bfloat16", 3.998046875)])
 def test_carried_scales_that_round_up_in_the_compute_type(scale_dtype: str, dtype: str, top: float) -> None:
     """A row's largest scale just below a power of two that the 16-bit type does not hold (fp32 / fp16 scales)
     rounds up to that power once carried; it must not overflow (the layer was refused as out of range), and the
@@ -226,6 +224,31 @@ def test_carried_scales_that_round_up_in_the_compute_type(scale_dtype: str, dtyp
         assert bool(plan.layout.scale_exponent) == carry
         weights[carry] = emulate_prepared_weight(plan, qw, prepare_weight(plan, qw, "cpu"))
     assert torch.equal(weights[True], weights[False])
+
+
+def test_fp16_layers_keep_the_converter_multiply() -> None:
+    """fp16 compute: a row whose largest scale needs part of 2^14 in out_scale would push its small products below
+    fp16's exact range (review reproducer: scales 2^8 and 2^-18 in one row), so fp16 layers keep the multiply; the
+    kernel's weight of that row is then exact."""
+    from numerics_check import emulate_prepared_weight
+
+    from humming_gen.schemes import QuantizedWeight
+
+    scheme = QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0")
+    n, k = 64, 256
+    torch.manual_seed(4)
+    qw = scheme.quantize(torch.randn(n, k, dtype=torch.float64) * 0.05)
+    scales = qw.scales.clone()
+    scales[0, 0], scales[0, 1] = 2.0**8, 2.0**-18
+    qw = QuantizedWeight(scheme, qw.codes, scales)
+    layer = LayerConfig(n, k, scheme, dtype="float16")
+    target = get_target("sm_90a")
+    for m, tuning in choose_tunings(layer, target).buckets:
+        plan = compose(layer, ComputeConfig(), tuning, target)
+        assert plan.layout.scale_exponent == 0, m
+        assert "fma2" in generate(plan).split("convert_pair(u32 codes) {")[1].split("}")[0]
+    got = emulate_prepared_weight(plan, qw, prepare_weight(plan, qw, "cpu"))
+    assert torch.equal(got[0], qw.dequantize(torch.float64)[0])
 
 
 def test_hoisted_groups_keep_the_converter_multiply() -> None:
