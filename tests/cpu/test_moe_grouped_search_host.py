@@ -15,6 +15,7 @@ import subprocess
 import attrs
 import pytest
 
+from host_sections import cfg_namespace
 from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
@@ -124,7 +125,7 @@ def test_grouped_search_matches_the_expert_walk(experts: int, tmp_path) -> None:
     tuning = attrs.evolve(choose_tunings(layer, SM90, pipeline="standard").for_m(16), split_k=1)
     plan = compose(layer, ComputeConfig(gemm="grouped_contiguous"), tuning, SM90)
     src = generate(plan, "nvrtc")
-    cfg = re.search(r"namespace hg::cfg \{.*?\}  // namespace hg::cfg", src, re.S).group(0)
+    cfg = cfg_namespace(src)
     schedule = re.search(r"struct TileCoord \{.*?\n\}\n", src[src.index("// schedule: MoE, grouped_contiguous"):],
                          re.S).group(0)
     source = tmp_path / "search.cpp"

@@ -17,6 +17,7 @@ import subprocess
 import attrs
 import pytest
 
+from host_sections import cfg_namespace, epilogue_section, params_fields, params_struct
 from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.kernel import generate
@@ -206,14 +207,12 @@ int main(int argc, char** argv) { return hg::main(argc, argv); }
 def _driver(plan) -> str:
     """The host translation unit of `plan`'s store_output (its cfg constants, Params and epilogue section)."""
     src = generate(plan, "nvrtc")
-    cfg = re.search(r"namespace hg::cfg \{.*?\}  // namespace hg::cfg", src, re.S).group(0)
-    params = re.search(r"struct Params \{.*?\n\};", src, re.S).group(0)
-    start = src.index("// ---- epilogue.StoreOutputStaged")
-    epilogue = src[start:src.index("// ======================================== pipeline", start)]
+    cfg, params = cfg_namespace(src), params_struct(src)
+    epilogue = epilogue_section(src, "StoreOutputStaged")
     host = re.sub(r'asm volatile\("ld\.shared\.v4\.b32.*?: "r"\((.*?)\)\);', r"ld_shared_v4(v, \1);", epilogue,
                   flags=re.S)  # the read-back at the address the template computes
     assert host != epilogue, "the staged read-back is no longer the ld.shared.v4 this test replaces"
-    fields = re.findall(r"\b(\w+);\s*//", params)
+    fields = params_fields(params)
     store = next(c for c in plan.components if type(c).__name__ == "StoreOutputStaged")
     setp = "p.c = c; p.ldc = ldc; p.m = pm;"
     for field, expr in (("sorted_ids", "sorted_ids.data()"), ("top_k", "top_k"), ("topk_weights", "topk_w.data()"),

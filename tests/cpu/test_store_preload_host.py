@@ -8,13 +8,13 @@ change."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 
 import attrs
 import pytest
 
+from host_sections import cfg_namespace, epilogue_section, params_fields, params_struct
 import humming_gen as hg
 from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
@@ -106,12 +106,10 @@ int main(int argc, char** argv) { return hg::main(argc, argv); }
 
 def _driver(plan) -> str:
     src = generate(plan, "nvrtc")
-    cfg = re.search(r"namespace hg::cfg \{.*?\}  // namespace hg::cfg", src, re.S).group(0)
-    params = re.search(r"struct Params \{.*?\n\};", src, re.S).group(0)
-    start = src.index("// ---- epilogue.StoreOutput")
-    epilogue = src[start:src.index("// ======================================== pipeline", start)]
+    cfg, params = cfg_namespace(src), params_struct(src)
+    epilogue = epilogue_section(src, "StoreOutput")
     store = next(c for c in plan.components if type(c).__name__ == "StoreOutput")
-    fields = re.findall(r"\b(\w+);\s*//", params)
+    fields = params_fields(params)
     setp = "p.c = c.data(); p.ldc = ldc; p.m = pm;"
     for field, expr in (("out_scale", "out_scale.data()"), ("bias", "bias.data()")):
         if field in fields:
