@@ -21,7 +21,7 @@ from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MMA_SYNC_M16N8K3
 from humming_gen.components.mma.wgmma import WgmmaRS8
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
-from humming_gen.kernel import build, build_many
+from humming_gen.kernel import build, build_many, generate
 from humming_gen.pipelines.base import ComposeError
 from humming_gen.runtime.compile import fatal_warnings
 from humming_gen.pipelines.standard.compose_a8 import activation_e8m0
@@ -606,3 +606,79 @@ def test_staged_e8m0_activation_scales_compile_without_spills(monkeypatch, weigh
     g64 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=64, scale_dtype="float8e8m0")
     assert not compose_a8.staged_e8m0_scales(LayerConfig(n=3072, k=4096, scheme=_mxfp4_weights(g64)), 128)
     assert compose_a8.staged_e8m0_scales(layer, 128)
+
+
+def _f16_mma_source() -> str:
+    from humming_gen.pipelines.standard import compose_a8 as standard_a8
+
+    old, standard_a8.FP8_ON_F16_MMA = standard_a8.FP8_ON_F16_MMA, True
+    try:
+        plan = _plan("w8a8-fp8-channel", "sm_90a", 1, pipeline="standard")
+    finally:
+        standard_a8.FP8_ON_F16_MMA = old
+    src = generate(plan)
+    return src[src.index("void widen_activation_fragment("):]
+
+
+@pytest.mark.parametrize("low_byte_low_half", [True, False])
+def test_fp8_on_f16_mmas_sum_the_k32_products(low_byte_low_half: bool) -> None:
+    """compose_a8.FP8_ON_F16_MMA (opt-in, GPU-untested): the operands of the two m16n8k16 mmas, read from the
+    rendered source (which k32 register and which code pair feeds each of their registers), put back together by
+    the m16n8k16 fragment maps, multiply to the k32 product of the 8-bit fragments, whichever byte of a pair cvt
+    puts in the low half (the same cvt serves both operands)."""
+    src = _f16_mma_source()
+    # variable -> (k32 register expression, pair) from the x4_to_f16(a[...], lo, hi) calls; mma j's operand list
+    pairs = {}
+    for reg, lo, hi in re.findall(r"x4_to_f16\(a\[(2 \* j(?: \+ 1)?)\], (\w+), (\w+)\)", src):
+        pairs[lo], pairs[hi] = (reg, 0), (reg, 1)
+    operands = re.search(r':\s*"r"\((\w+)\), "r"\((\w+)\), "r"\((\w+)\), "r"\((\w+)\), "r"\(b16\[(2 \* j)\]\), '
+                         r'"r"\(b16\[(2 \* j \+ 1)\]\)', src)
+    widened = re.search(r"x4_to_f16\(b\[j\], b16\[(2 \* j(?: \+ 1)?)\], b16\[(2 \* j(?: \+ 1)?)\]\)", src)
+    assert operands and len(pairs) == 4 and widened, "the f16 mma's operand lists changed: update this test"
+    b_pair = {widened.group(1): 0, widened.group(2): 1}  # b16 index expression -> code pair of b[j]
+    torch.manual_seed(0)
+    w = torch.randint(-8, 8, (16, 32), dtype=torch.int64)  # 16 n x 32 k, the 8-bit A operand
+    x = torch.randint(-8, 8, (32, 8), dtype=torch.int64)   # 32 k x 8 m, the 8-bit B operand
+    got = torch.zeros(16, 8, dtype=torch.int64)
+    order = (0, 1) if low_byte_low_half else (1, 0)
+    for j in range(2):
+        a16 = torch.zeros(16, 16, dtype=torch.int64)
+        b16 = torch.zeros(16, 8, dtype=torch.int64)
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for reg16, name in enumerate(operands.groups()[:4]):
+                reg_expr, pair = pairs[name]
+                reg8 = 2 * j + (1 if reg_expr.endswith("+ 1") else 0)
+                for half in range(2):
+                    byte = 2 * pair + order[half]
+                    row8, k8 = MMA_SYNC_M16N8K32_8BIT.a_element(lane, reg8, byte)
+                    row16, k16 = MMA_SYNC_M16N8K16.a_element(lane, reg16, half)
+                    assert row8 == row16
+                    a16[row16, k16] = w[row8, k8]
+            for reg16, expr in enumerate(operands.groups()[4:]):  # the mma's B registers: pairs of b[j]
+                for half in range(2):
+                    k8 = 4 * t + 16 * j + 2 * b_pair[expr] + order[half]  # B register j, byte 2 * pair + half
+                    k16 = 2 * t + 8 * reg16 + half
+                    b16[k16, g] = x[k8, g]
+        got += a16 @ b16
+    assert torch.equal(got, w @ x)
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8"])
+def test_fp8_on_f16_mmas_compile_on_sm90a_only(scheme: str) -> None:
+    """The opt-in applies where fp8 mma.sync is emulated (sm_90a): the kernels compile without spills and run no
+    fp8 mma.sync; sm_89 and sm_120a keep their native m16n8k32."""
+    from humming_gen.pipelines.standard import compose_a8 as standard_a8
+
+    old, standard_a8.FP8_ON_F16_MMA = standard_a8.FP8_ON_F16_MMA, True
+    try:
+        plans = [_plan(scheme, "sm_90a", m, pipeline="standard", has_bias=True) for m in (1, 16, 64)]
+        native = [_plan(scheme, target, 1, pipeline="standard") for target in ("sm_89", "sm_120a")]
+    finally:
+        standard_a8.FP8_ON_F16_MMA = old
+    for plan, kernel in zip(plans, build_many(plans)):
+        src = generate(plan)
+        assert "m16n8k16.row.col.f32.f16.f16.f32" in src and "mma.sync.aligned.m16n8k32" not in src
+        assert_no_spills(kernel, plan.tuning.block_m)
+    for plan in native:
+        assert "mma.sync.aligned.m16n8k32" in generate(plan) and "_f16mma" not in plan.kernel_name

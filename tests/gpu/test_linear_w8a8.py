@@ -128,6 +128,7 @@ def test_w8a8_3d_and_strided_input() -> None:
 
 INT8_GROUP = hg.QuantScheme("int8", group_size=128, scale_dtype="float32",
                             activation=hg.ActivationScheme("int8", granularity="group", group_size=128))
+E5M2_NAME = "e4m3-channel-x-e5m2-token"
 FP8_E5M2_ACT = hg.QuantScheme("float8e4m3", granularity="channel", scale_dtype="float32",
                               activation=hg.ActivationScheme("float8e5m2", granularity="token"))
 
@@ -149,6 +150,23 @@ def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < TOLERANCE[torch.bfloat16], f"m={m}: relative error {err:.3g}"
 
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", E5M2_NAME])
+def test_fp8_on_f16_mmas(monkeypatch, scheme) -> None:
+    """compose_a8.FP8_ON_F16_MMA (opt-in): the standard pipeline's fp8 x fp8 as explicit f16 mmas (activation
+    fragments widened once per k32 step), every bucket through standard_layer, with a bias."""
+    from humming_gen.pipelines.standard import compose_a8 as standard_a8
+
+    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", True)
+    torch.manual_seed(11)
+    n, k = 4000, 3072
+    s = FP8_E5M2_ACT if scheme == E5M2_NAME else hg.scheme(scheme)
+    qw = s.quantize(torch.randn(n, k, device="cuda") * 0.05)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    layer = standard_layer(hg.QuantLinear.from_quantized(qw, bias=bias), qw, bias, torch.bfloat16)
+    assert all("_f16mma" in kern.plan.kernel_name for _, kern in layer._buckets)
+    for m in (1, 7, 16, 64, 300):
+        _check(layer, qw, bias, torch.bfloat16, m, f"{scheme} on f16 mmas")
 
 @pytest.mark.parametrize("scheme", ["w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8",
                                     "w4a8-int4-g128-int8", "w4a8-int4-g128-fp8"])

@@ -323,3 +323,23 @@ def test_a8_cuda_graph_replay_with_new_routing_and_no_host_sync() -> None:
     torch.cuda.synchronize()
     ref = _reference(moe, x, weights, ids, q13, q2, b13, b2)
     assert _rel(out, ref) < LAYER_TOLERANCE["float8e4m3"]
+
+
+@pytest.mark.parametrize("preset", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-mxfp8"])
+def test_quant_moe_a8_fp8_on_f16_mmas(monkeypatch, preset: str) -> None:
+    """compose_a8.FP8_ON_F16_MMA (opt-in): the standard buckets' fp8 x fp8 as explicit f16 mmas, against the
+    float64 reference, torch activation, M in M_VALUES and top-k 2."""
+    from humming_gen.pipelines.standard import compose_a8 as standard_a8
+
+    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", True)
+    moe, q13, q2, b13, b2 = _layer(preset, 19, seed=5, fused=False)
+    assert all("_f16mma" in kernel.plan.kernel_name for pair in moe._kernels for kernel in pair)
+    tolerance = LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name]
+    for m in M_VALUES:
+        x = torch.randn(m, H, device="cuda").to(moe.dtype)
+        weights, ids = _routing(m, 19, 2, drop=0.1 if m > 1 else 0.0)
+        out = torch.full((m, H), float("nan"), dtype=moe.dtype, device="cuda")
+        hg.fused_moe(x, moe, weights, ids, output=out)
+        assert torch.isfinite(out).all(), f"m={m}: rows left unwritten or non-finite"
+        err = _rel(out, _reference(moe, x, weights, ids, q13, q2, b13, b2))
+        assert err < tolerance, f"{preset} m={m}: relative error {err:.3g}"

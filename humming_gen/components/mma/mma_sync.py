@@ -30,6 +30,7 @@ class MmaSyncM16N8K16(Component):
 
 # PTX operand types of the 8-bit mma.sync, and the accumulator each kind of operand produces.
 PTX_8BIT_TYPE = {"int8": "s8", "uint8": "u8", "float8e4m3": "e4m3", "float8e5m2": "e5m2"}
+FP8_PTX = {"float8e4m3": "e4m3", "float8e5m2": "e5m2"}
 
 
 @attrs.frozen
@@ -61,6 +62,29 @@ class MmaSyncM16N8K32(Component):
         acc, reg = ("s32", "r") if self.integer else ("f32", "f")
         return {"a_ptx": PTX_8BIT_TYPE[self.weight], "b_ptx": PTX_8BIT_TYPE[self.activation], "acc_ptx": acc,
                 "acc_ctype": "int" if self.integer else "float", "acc_reg": reg}
+
+
+@attrs.frozen
+class MmaSyncM16N8K32ViaF16(Component):
+    """fp8 weights (A, 16 n x 32 k) x fp8 activations (B, 32 k x 8 m) as two m16n8k16 f16 mmas with fp32
+    accumulators, where the target's fp8 mma.sync is itself F2FP + HMMA (sm_90a): the activation fragment is widened
+    once per k32 step (widen_activation_fragment) instead of once per mma and n tile, and the two halves chain in
+    the accumulators (no partial-sum adds). Same fragments in as MmaSyncM16N8K32; products exact, fp32 sums."""
+
+    template: ClassVar[str] = "mma/mma_sync_m16n8k32_f16.cuh.j2"
+    family: ClassVar[str] = "mma"
+    provides: ClassVar[frozenset[str]] = frozenset({"mma_m16n8k32", "widen_activation_fragment"})
+    requires: ClassVar[frozenset[str]] = frozenset({"mma_fp8"})  # (its cvt f16x2.e4m3x2 / e5m2x2: sm_89+)
+    weight: str      # float8e4m3 / float8e5m2
+    activation: str
+
+    def __attrs_post_init__(self) -> None:
+        if self.weight not in FP8_PTX or self.activation not in FP8_PTX:
+            raise ValueError(f"the f16 form of m16n8k32 multiplies fp8 codes, got {self.weight} x {self.activation}")
+
+    def extra_context(self) -> dict:
+        kinds = [FP8_PTX[self.weight], FP8_PTX[self.activation]]
+        return {"weight_ptx": kinds[0], "activation_ptx": kinds[1], "converted": sorted(set(kinds))}
 
 
 @attrs.frozen

@@ -110,6 +110,8 @@ class StandardA8Pipeline(Component):
     # into shared memory after it
     quantize_a: bool = option_field()
     static_a_scale: bool = option_field()  # ... with a static per-tensor scale (load_tensor_scale)
+    # fp8 on f16 mmas (MmaSyncM16N8K32ViaF16): each k32 step widens the warp's activation fragments once
+    f16_mma: bool = option_field()
 
     @property
     def moe(self) -> bool:
@@ -127,6 +129,7 @@ class StandardA8Pipeline(Component):
         needs |= ({"AStageX", "fetch_a_stage", "store_a_stage",
                    "load_tensor_scale" if self.static_a_scale else "quantize_token_scales"} if self.quantize_a
                   else {"load_a_stage"})
+        needs |= {"widen_activation_fragment"} if self.f16_mma else set()
         needs |= {"load_weight_group_scales"} if self.weight_groups else set()
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
@@ -148,4 +151,5 @@ class StandardA8Pipeline(Component):
         return {"acc_ctype": "int" if self.integer else "float", "promote_expr": partial + factors,
                 "group_scales": self.weight_groups or self.activation_groups, "nibbles": self.nibbles, "moe": self.moe,
                 "mma_fn": "mma_m16n8k64" if self.s4 else "mma_m16n8k32", "quantize_a": self.quantize_a,
-                "static_a_scale": self.static_a_scale}
+                "static_a_scale": self.static_a_scale, "f16_mma": self.f16_mma,
+                "activation_fragments": "a16" if self.f16_mma else "a_frag"}
