@@ -20,6 +20,7 @@ from humming_gen.bench.timing import graph_time_us
 from humming_gen.codegen import ComposeError, compose
 from humming_gen.kernel import build_many
 from humming_gen.moe import moe_align
+from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from moe_bench import quantize_experts
 
 MODELS = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880)}  # experts, top-k, hidden, intermediate
@@ -30,7 +31,7 @@ VARIANTS = [dict(),
             dict(block_k=128, warps_k=2, ctas_per_sm=3, stages=6),
             dict(block_k=128, warps_k=2, ctas_per_sm=2, stages=8),
             dict(block_k=64, warps_k=1, ctas_per_sm=4, stages=8),
-            dict(ctas_per_sm=3, stages=2)]
+            dict(ctas_per_sm=3, stages=2), dict(f16_mma=True)]  # f16_mma: compose_a8.FP8_ON_F16_MMA (fp8 only)
 
 
 def main() -> None:
@@ -59,11 +60,16 @@ def main() -> None:
                         continue
                     plans, names = [], []
                     for v in VARIANTS:
+                        standard_a8.FP8_ON_F16_MMA = bool(v.get("f16_mma"))
+                        fields = {f: val for f, val in v.items() if f != "f16_mma"}
                         try:
-                            plans.append(compose(own.layer, own.compute, attrs.evolve(own.tuning, **v), own.target))
+                            plans.append(compose(own.layer, own.compute, attrs.evolve(own.tuning, **fields),
+                                                 own.target))
                             names.append(str(v) if v else "heuristic")
                         except (ComposeError, ValueError) as err:
                             print(f"{model} {fmt} {weight} {v}: {' '.join(str(err).split())[:140]}")
+                        finally:
+                            standard_a8.FP8_ON_F16_MMA = False
                     kernels = build_many(plans)
                     routing = moe_align(ids, e, own.tuning.block_m)
                     n = 2 * i if weight == "w13" else h
