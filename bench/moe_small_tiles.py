@@ -34,6 +34,11 @@ VARIANTS = [dict(),
             dict(ctas_per_sm=3, stages=2), dict(f16_mma=True)]  # f16_mma: compose_a8.FP8_ON_F16_MMA (fp8 only)
 
 
+def compose_is_fp8(layer) -> bool:
+    a = layer.scheme.activation
+    return a is not None and a.dtype.is_float
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="qwen3,gptoss")
@@ -60,6 +65,8 @@ def main() -> None:
                         continue
                     plans, names = [], []
                     for v in VARIANTS:
+                        if v.get("f16_mma") and not compose_is_fp8(own.layer):
+                            continue
                         standard_a8.FP8_ON_F16_MMA = bool(v.get("f16_mma"))
                         fields = {f: val for f, val in v.items() if f != "f16_mma"}
                         try:
