@@ -682,3 +682,55 @@ def test_fp8_on_f16_mmas_compile_on_sm90a_only(scheme: str) -> None:
         assert_no_spills(kernel, plan.tuning.block_m)
     for plan in native:
         assert "mma.sync.aligned.m16n8k32" in generate(plan) and "_f16mma" not in plan.kernel_name
+
+
+def test_fp8_codes_are_exact_in_f16() -> None:
+    """MmaSyncM16N8K32ViaF16 relies on cvt.rn.f16x2.{e4m3x2, e5m2x2} being exact: every finite e4m3 / e5m2 code is
+    an f16 value (e4m3's subnormals down to 2^-9 are f16 normals, e5m2 shares f16's exponent range), and the
+    non-finite codes (e4m3 0x7f / 0xff NaN; e5m2 inf and NaN) stay what they are, as in the native fp8 mma."""
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).double()
+        widened = values.to(torch.float16).double()
+        finite = torch.isfinite(values)
+        assert torch.equal(widened[finite], values[finite]), dtype
+        assert torch.equal(torch.isnan(widened), torch.isnan(values)) and torch.equal(widened[torch.isinf(values)],
+                                                                                     values[torch.isinf(values)])
+
+
+def test_fp8_on_f16_mmas_every_path_compiles(monkeypatch) -> None:
+    """The opt-in through the skeleton's other paths on sm_90a (MoE indexed / grouped with activation group scales,
+    the fused output quantization, a_load='quantize', split-K with one warp along k, e5m2 operands): each renders
+    the f16 mmas and compiles without spills; sm_100a (no wgmma) keeps the native m16n8k32."""
+    from humming_gen.pipelines.standard import compose_a8 as standard_a8
+
+    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", True)
+    tgt = get_target("sm_90a")
+    e5m2 = hg.QuantScheme("float8e5m2", granularity="channel", scale_dtype="float32",
+                          activation=hg.ActivationScheme("float8e5m2", granularity="token"))
+
+    def moe(scheme, compute, bucket, n=1024, k=2048):
+        layer = LayerConfig(n=n, k=k, scheme=scheme, num_experts=8, has_bias=True)
+        t = choose_tunings(layer, tgt, pipeline="standard").buckets[bucket][1]
+        return compose(layer, compute, attrs.evolve(t, split_k=1), tgt)
+
+    def dense(scheme, m, **changes):
+        layer = LayerConfig(n=4000, k=3072, scheme=scheme, has_bias=True)
+        t = choose_tunings(layer, tgt, pipeline="standard", stored=False).for_m(m)
+        return compose(layer, ComputeConfig(), attrs.evolve(t, **changes), tgt)
+
+    mx = hg.scheme("w8a8-mxfp8").activation
+    fused = ComputeConfig(gemm="indexed", epilogue_activation="silu_mul", epilogue_quantization=mx)
+    plans = [moe("w8a8-mxfp8", ComputeConfig(gemm="indexed", topk_weight=True), 2),
+             moe("w8a8-fp8-block128", ComputeConfig(gemm="grouped_masked"), -1),
+             moe("w4a8-mxfp4-fp8", ComputeConfig(gemm="grouped_contiguous"), 0),
+             moe("w8a8-mxfp8", fused, 0, n=512, k=256),
+             dense("w8a8-fp8-channel", 16, a_load="quantize"), dense("w4a8-int4-g128-fp8", 1, a_load="quantize"),
+             dense("w8a8-fp8-block128", 16, split_k=2, warps_k=1), dense(e5m2, 64)]
+    for plan, kernel in zip(plans, build_many(plans)):
+        src = generate(plan)
+        assert "m16n8k16.row.col.f32.f16.f16.f32" in src and "mma.sync.aligned.m16n8k32" not in src, plan.kernel_name
+        assert plan.kernel_name.endswith("_f16mma"), plan.kernel_name
+        assert_no_spills(kernel, plan.kernel_name)
+    assert "cvt.rn.f16x2.e5m2x2" in generate(plans[-1]) and "cvt.rn.f16x2.e4m3x2" not in generate(plans[-1])
+    native = _plan("w8a8-fp8-channel", "sm_100a", 1, pipeline="standard")
+    assert "mma.sync.aligned.m16n8k32" in generate(native) and "_f16mma" not in native.kernel_name

@@ -67,9 +67,14 @@ class MmaSyncM16N8K32(Component):
 @attrs.frozen
 class MmaSyncM16N8K32ViaF16(Component):
     """fp8 weights (A, 16 n x 32 k) x fp8 activations (B, 32 k x 8 m) as two m16n8k16 f16 mmas with fp32
-    accumulators, where the target's fp8 mma.sync is itself F2FP + HMMA (sm_90a): the activation fragment is widened
-    once per k32 step (widen_activation_fragment) instead of once per mma and n tile, and the two halves chain in
-    the accumulators (no partial-sum adds). Same fragments in as MmaSyncM16N8K32; products exact, fp32 sums."""
+    accumulators, where the target's fp8 mma.sync is itself F2FP + HMMA (sm_90a). ptxas's own lowering computes
+    each k32 product from zero and adds the accumulator with 4 FADDs; here the two halves and the k32 steps chain in
+    the accumulators (no partial-sum adds). The activation fragment is widened once per k32 step
+    (widen_activation_fragment); ptxas hoists its own conversions across n and m tiles too, so the F2FP count is the
+    same. Same fragments in as MmaSyncM16N8K32; every e4m3 / e5m2 code is exact in f16 and products are exact, so
+    only where the accumulator is added differs (inside the HMMA, as on targets with a native fp8 mma, instead of an
+    FADD after it). The accumulator dependency spans the k32 steps of a promotion (longer HMMA chains than ptxas's
+    lowering, whose k32 products are independent)."""
 
     template: ClassVar[str] = "mma/mma_sync_m16n8k32_f16.cuh.j2"
     family: ClassVar[str] = "mma"
