@@ -1,7 +1,7 @@
 """Small-M sweep of the standard pipeline's 8-bit-activation kernels (mma.sync; F2FP + HMMA on sm_90a) against the
 heuristics' bucket (warp-specialized), N = K = 8192, canonical graph timing with the activation quantization: splits,
-CTAs per SM, stages and k tiles that keep the layer's weight layout (block_n, warps_n and block_k / warps_k), and the opt-in fp8 on f16 mmas
-(compose_a8.FP8_ON_F16_MMA).
+CTAs per SM, stages and k tiles that keep the layer's weight layout (block_n, warps_n and block_k / warps_k), and
+the opt-in fp8 on f16 mmas (compose_a8.FP8_ON_F16_MMA).
 Usage: python bench/a8_small_sweep.py [preset,...] [M,...]"""
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from humming_gen.targets import Target
 
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1,16").split(",")]
+# None: the heuristics' own bucket; the dicts: TuningConfig fields over the standard pipeline's bucket
 VARIANTS = [None, dict(), dict(f16_mma=True), dict(split_k=8), dict(split_k=2), dict(stages=4),
             dict(ctas_per_sm=1, stages=4),
             dict(block_k=128, warps_k=2, split_k=8, ctas_per_sm=3, stages=4),
-            dict(block_k=128, warps_k=2, split_k=4, ctas_per_sm=3, stages=3), dict(split_k=8, stages=2)]  # None: the heuristics' own
+            dict(block_k=128, warps_k=2, split_k=4, ctas_per_sm=3, stages=3), dict(split_k=8, stages=2)]
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()

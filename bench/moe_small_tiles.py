@@ -52,8 +52,9 @@ def main() -> None:
         for fmt in args.formats.split(","):
             scheme = hg.scheme(fmt)
             torch.manual_seed(0)
-            layers = [hg.QuantMoE.from_quantized(quantize_experts(scheme, e, 2 * i, h), quantize_experts(scheme, e, h, i),
-                                                 fused_activation=False, split_k=1) for _ in range(LAYERS)]
+            layers = [hg.QuantMoE.from_quantized(quantize_experts(scheme, e, 2 * i, h),
+                                                 quantize_experts(scheme, e, h, i), fused_activation=False, split_k=1)
+                      for _ in range(LAYERS)]
             first = layers[0]
             for m in ms:
                 ids = torch.topk(torch.randn(m, e, device="cuda"), top_k, dim=-1).indices.to(torch.int32)

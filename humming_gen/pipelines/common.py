@@ -91,10 +91,10 @@ def scale_exponent(layer: LayerConfig, group: GroupPlan | None, warp_k: int) -> 
     """The exponent e of the power of two 2^e that the layer's stored group scales carry in place of its float
     converter's exact multiply (FloatPlaceConvert.exponent_shift): one packed fma fewer per dequantized register
     (MXFP4 / NVFP4 on bf16 activations: 2^126). 0 where the converter has none, the compute type is fp16, the
-    activations are quantized, or the group scale does not multiply every weight: zero points, or groups a warp's k slice lies in
-    (`warp_k`, the layout's; the standard pipeline may hoist those to fp32 partial sums, which a carried 2^126
-    would meet as products of 2^-126 times the weight). Decided by (layer, layout) alone, so every bucket of a
-    layer agrees. prepare_weight keeps each row's scales in range with a power of two in out_scale."""
+    activations are quantized, or the group scale does not multiply every weight: zero points, or groups a warp's
+    k slice lies in (`warp_k`, the layout's; the standard pipeline may hoist those to fp32 partial sums, which a
+    carried 2^126 would meet as products of 2^-126 times the weight). Decided by (layer, layout) alone, so every
+    bucket of a layer agrees. prepare_weight keeps each row's scales in range with a power of two in out_scale."""
     s = layer.scheme
     if not CARRY_CONVERTER_EXPONENT or group is None or s.activation is not None or s.zero_point is not None:
         return 0

@@ -115,7 +115,8 @@ class StoreOutput(Component):
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        token = {"assignment_token", "assignment_token_magic"} if self.row_map and self.token_scale == "token" else set()
+        token = ({"assignment_token", "assignment_token_magic"} if self.row_map and self.token_scale == "token"
+                 else set())
         return frozenset({"store_fragment" if self.fragment_store else "store_output"}
                          | ({"gated_activation"} if self.gated else set()) | token
                          | ({"ColumnFactors", "column_factors"} if self.preload_factors else set()))

@@ -268,7 +268,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # (an atomic top-k reduction adds into the tokens' fp32 rows directly, unstaged: epilogue.topk_atomic)
     staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None
     epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
-        dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K), bias=layer.has_bias,
+        dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K),
+        bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
         gated=compute.epilogue_activation or "", tile_rows=gather)))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
