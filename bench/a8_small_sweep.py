@@ -12,7 +12,7 @@ import attrs
 import torch
 
 import humming_gen as hg
-from humming_gen.bench.timing import graph_time_us
+from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
@@ -49,11 +49,8 @@ for name in presets:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
             finally:
                 standard_a8.FP8_ON_F16_MMA = False
-        times: dict[int, list[float]] = {i: [] for i in range(len(built))}
-        for _ in range(2):  # rounds alternate the candidates
-            for i, (_, layers) in enumerate(built):
-                times[i].append(graph_time_us(layers, x))
-        for i, (label, _) in enumerate(built):
-            print(f"{name} m={m} {label}: {min(times[i]):.1f} us", flush=True)
+        times = alternating_graph_times([layers for _, layers in built], x)
+        for (label, _), us in zip(built, times):
+            print(f"{name} m={m} {label}: {us:.1f} us", flush=True)
         del built
         torch.cuda.empty_cache()

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 import humming_gen as hg
-from bench_dense import graph_time_us
+from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.layer.weights import scales_fold
@@ -72,12 +72,8 @@ for name in presets:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1]}", flush=True)
             finally:
                 compose_a8.OVERLAP_PROMOTION = True
-        times: dict[int, list[float]] = {i: [] for i in range(len(built))}
-        for _ in range(2):  # rounds alternate the candidates
-            for i, (_, layers) in enumerate(built):
-                times[i].append(graph_time_us(layers, x))
-        for i, (v, _) in enumerate(built):
-            tf = 2 * m * n * k / min(times[i]) / 1e6
-            print(f"{name} m={m} {v}: {min(times[i]):.1f} us ({tf:.0f} TFLOP/s)", flush=True)
+        times = alternating_graph_times([layers for _, layers in built], x)
+        for (v, _), us in zip(built, times):
+            print(f"{name} m={m} {v}: {us:.1f} us ({2 * m * n * k / us / 1e6:.0f} TFLOP/s)", flush=True)
         del built
         torch.cuda.empty_cache()

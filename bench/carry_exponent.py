@@ -12,7 +12,7 @@ import sys
 import torch
 
 import humming_gen as hg
-from humming_gen.bench.timing import graph_time_us
+from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.pipelines import common
 from humming_gen.pipelines.standard import compose as standard_compose
 from moe_bench import quantize_experts
@@ -34,8 +34,10 @@ def build(make) -> dict:
     return built
 
 
-def report(label: str, m: int, times: dict) -> None:
-    cells = " | ".join(f"{name} {min(ts):.1f}" for name, ts in times.items())
+def report(label: str, m: int, variants: dict, fns_of, x: torch.Tensor) -> None:
+    """Time each variant's calls (fns_of(its built layers)), alternating, and print one line."""
+    times = alternating_graph_times([fns_of(built) for built in variants.values()], x)
+    cells = " | ".join(f"{name} {us:.1f}" for name, us in zip(variants, times))
     print(f"{label} M={m}: {cells} us", flush=True)
 
 
@@ -50,11 +52,7 @@ for fmt in ("w4a16-mxfp4", "w4a16-nvfp4") if DENSE_M else ():
     print(f"{fmt}: carried vs multiply, max rel diff {err:.2e}", flush=True)
     for m in DENSE_M:
         x = x0[:m]
-        times = {name: [] for name in layers}
-        for _ in range(2):
-            for name, ls in layers.items():
-                times[name].append(graph_time_us(ls, x))
-        report(f"{fmt} {n}x{k}", m, times)
+        report(f"{fmt} {n}x{k}", m, layers, lambda ls: ls, x)
     del layers, qws
     torch.cuda.empty_cache()
 
@@ -69,8 +67,4 @@ for m in MOE_M:
     x = torch.randn(m, h, device="cuda").bfloat16()
     tw, ids = torch.topk(torch.softmax(torch.randn(m, e, device="cuda"), -1), top_k, dim=-1)
     ids = ids.to(torch.int32)
-    times = {name: [] for name in moes}
-    for _ in range(2):
-        for name, ms in moes.items():
-            times[name].append(graph_time_us([lambda x, mo=mo: mo(x, tw, ids) for mo in ms], x))
-    report("gpt-oss MoE w4a16-mxfp4", m, times)
+    report("gpt-oss MoE w4a16-mxfp4", m, moes, lambda ms: [lambda x, mo=mo: mo(x, tw, ids) for mo in ms], x)

@@ -50,6 +50,17 @@ def graph_time_us(fns: Sequence[Callable], x: torch.Tensor, replays: int = 20) -
     return statistics.median(times)
 
 
+def alternating_graph_times(candidates: Sequence[Sequence[Callable]], x: torch.Tensor, rounds: int = 2
+                             ) -> list[float]:
+    """graph_time_us of each candidate (its list of calls), best of `rounds` rounds that take the candidates in
+    turn, so neither a clock ramp nor the order of a sweep favours the first ones."""
+    times: list[list[float]] = [[] for _ in candidates]
+    for _ in range(rounds):
+        for i, fns in enumerate(candidates):
+            times[i].append(graph_time_us(fns, x))
+    return [min(t) for t in times]
+
+
 def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200, repeats: int = 5) -> float:
     """Steady-state wall time per call, in us, of a synchronized loop of plain calls (graph time plus host
     overhead): the median of `repeats` loops, after a warm-up loop (first-call work such as a stream's launch

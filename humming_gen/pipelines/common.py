@@ -100,8 +100,6 @@ def scale_exponent(layer: LayerConfig, group: GroupPlan | None, warp_k: int) -> 
         return 0
     if layer.dtype != "bfloat16":  # fp16's 5 exponent bits: a row whose largest scale needs r > 0 would push its
         return 0  # small products below fp16's exact range (rows spanning ~2^26), which the multiply keeps exact
-    if s.granularity == "channel":
-        return 0
     if not group.arbitrary and group.group_size % warp_k == 0:
         return 0
     converter = select_converter(s.weight, layer.dtype)

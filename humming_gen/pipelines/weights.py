@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_gen.components.numeric.halfbits import TORCH_DTYPE
+from humming_gen.components.numeric.halfbits import BIAS, TORCH_DTYPE
 from humming_gen.components.numeric.exponent_fold import (ExponentFold, empty_groups, fold_exponents,
                                                            pack_exponents)
 from humming_gen.layer.weights import PreparedWeight
@@ -64,20 +64,20 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
     if qw.channel_scale is not None:
         extra = qw.channel_scale.to(device, torch.float32)
 
-    b_scale = b_zero = out_scale = None
+    b_scale = b_zero = None
     row_exponent = None  # each row's power of two in out_scale, where the group scales carry the converter's
     if lay.group_size is not None:
         sc = _scales_per_element_row(qw, scales, lay.group_size, lay.group_rows)
         if extra is not None and not lay.out_scale:
             sc = sc * extra[None, :]
-        span = sc.abs().min().item(), sc.abs().max().item()
+        held = sc  # (the scales as the scheme gives them, for the message below)
         if lay.scale_exponent:
             sc, row_exponent = _carry_exponent(sc, lay.scale_exponent, layer.dtype)
         sc_dt = sc.to(dt)
         if not torch.isfinite(sc_dt).all() or bool(((sc_dt == 0) & (sc != 0)).any()):
             hint = ("; use bfloat16 activations (8 exponent bits)" if layer.dtype == "float16"
                     else "; rescale the weights (a global scale can carry the common factor)")
-            raise ValueError(f"weight scales span [{span[0]:.3g}, {span[1]:.3g}], "
+            raise ValueError(f"weight scales span [{held.abs().min().item():.3g}, {held.abs().max().item():.3g}], "
                              f"beyond what {layer.dtype} group scales can hold{hint}")
         b_scale = permute_group_rows(pad_to(sc_dt, {1: lay.n_pad})).contiguous()
         if lay.zero_point is not None:
@@ -87,15 +87,9 @@ def prepare_weight(plan: KernelPlan, qw: QuantizedWeight, device: torch.device |
             else:
                 zero = -(z * sc)
             b_zero = permute_group_rows(pad_to(zero.to(dt), {1: lay.n_pad})).contiguous()
-    out_scale = _out_scale(lay, qw, scales, extra, device)
-    if row_exponent is not None:
-        out_scale[: qw.n] = torch.ldexp(out_scale[: qw.n], row_exponent)
-    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero, out_scale=out_scale,
+    return PreparedWeight(layout_key=lay, b=b, b_scale=b_scale, b_zero=b_zero,
+                          out_scale=_out_scale(lay, qw, scales, extra, device, row_exponent),
                           k_perm=_k_perm(qw, device))
-
-
-# largest exponent of a finite value of each 16-bit compute type
-MAX_EXPONENT = {"bfloat16": 127, "float16": 15}
 
 
 def _carry_exponent(sc: torch.Tensor, exponent: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +99,7 @@ def _carry_exponent(sc: torch.Tensor, exponent: int, dtype: str) -> tuple[torch.
     grow (r <= exponent, as every stored scale is at most the type's largest)."""
     largest = sc.abs().amax(dim=0)
     _, top = torch.frexp(largest)  # largest scale of each row < 2^top
-    r = (top + exponent - (MAX_EXPONENT[dtype] + 1)).clamp(min=0, max=exponent)
+    r = (top + exponent - (BIAS[dtype] + 1)).clamp(min=0, max=exponent)  # (a finite value's largest exponent: BIAS)
     # a largest scale the 16-bit type does not hold (fp32 / fp16 scale dtypes) may round up to 2^top in it, which
     # is 2^(max exponent + 1) once carried: those rows keep one more power of two in out_scale
     carried = torch.ldexp(largest, (exponent - r).to(largest.dtype)).to(TORCH_DTYPE[dtype])
@@ -118,9 +112,9 @@ def _k_perm(qw: QuantizedWeight, device: torch.device | str) -> torch.Tensor | N
 
 
 def _out_scale(lay, qw: QuantizedWeight, scales: torch.Tensor, extra: torch.Tensor | None,
-               device: torch.device | str) -> torch.Tensor | None:
+               device: torch.device | str, row_exponent: torch.Tensor | None = None) -> torch.Tensor | None:
     """The per-column fp32 factor of the epilogue: channel / tensor scales (without group parameters), the global
-    scale and a channel scale that the group scales do not carry."""
+    scale, a channel scale that the group scales do not carry, and 2^row_exponent (_carry_exponent)."""
     s = qw.scheme
     out_scale = None
     if lay.out_scale:
@@ -131,6 +125,8 @@ def _out_scale(lay, qw: QuantizedWeight, scales: torch.Tensor, extra: torch.Tens
             col = col * qw.global_scale.to(device, torch.float32).reshape(())
         if extra is not None:
             col = col * extra
+        if row_exponent is not None:
+            col = torch.ldexp(col, row_exponent)
         out_scale = pad_to(col, {0: lay.n_pad}).contiguous()
     elif qw.global_scale is not None:
         raise ValueError("a global scale needs the out_scale epilogue (scheme.global_scale=True)")

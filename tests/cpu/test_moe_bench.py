@@ -172,3 +172,20 @@ def test_torch_moe_loop_matches_grouped_mm():
     ref = mb.reference_layer(tiny, b, lambda e: w13[e], lambda e: w2[e])
     assert torch.equal(grouped, looped)
     assert ((grouped.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_alternating_graph_times_take_each_candidates_best_round(monkeypatch) -> None:
+    """The sweeps' timer: candidates in turn each round, each one's best round reported in candidate order."""
+    import humming_gen.bench.timing as timing
+
+    calls = []
+    samples = iter([5.0, 9.0, 3.0, 4.0, 8.0, 6.0])  # round 1: a, b, c; round 2: a, b, c
+
+    def fake(fns, x):
+        calls.append(fns[0])
+        return next(samples)
+
+    monkeypatch.setattr(timing, "graph_time_us", fake)
+    got = timing.alternating_graph_times([["a"], ["b"], ["c"]], torch.zeros(1))
+    assert calls == ["a", "b", "c", "a", "b", "c"]
+    assert got == [4.0, 8.0, 3.0]
