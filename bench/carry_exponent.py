@@ -18,7 +18,7 @@ from humming_gen.pipelines.standard import compose as standard_compose
 from moe_bench import quantize_experts
 
 DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",") if v]
-MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",")]
+MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",") if v]
 # (name, carried exponent, split-K column factors preloaded: pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS)
 VARIANTS = (("carried", True, False), ("multiply", False, False), ("carried+preload", True, True))
 
@@ -56,6 +56,8 @@ for fmt in ("w4a16-mxfp4", "w4a16-nvfp4") if DENSE_M else ():
     del layers, qws
     torch.cuda.empty_cache()
 
+if not MOE_M:
+    sys.exit(0)
 e, top_k, h, i = 128, 4, 2880, 2880
 scheme = hg.scheme("w4a16-mxfp4")
 q13 = quantize_experts(scheme, e, 2 * i, h)  # one layer (its packed weights are 1.6 GB)

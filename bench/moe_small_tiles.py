@@ -25,13 +25,15 @@ from moe_bench import quantize_experts
 
 MODELS = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880)}  # experts, top-k, hidden, intermediate
 LAYERS = 2
-# TuningConfig fields over the bucket's own (which keeps block_n 128, warps_n 2 and a warp's 64-k slice)
+# TuningConfig fields over the bucket's own (which keeps block_n 128, warps_n 2 and a warp's 64-k slice); f16_mma:
+# compose_a8.FP8_ON_F16_MMA (fp8 only)
 VARIANTS = [dict(),
-            dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),
+            dict(block_k=256, warps_k=4, ctas_per_sm=2, stages=3),  # the dense M <= 8 bucket (before moe_small_tile)
+            dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),  # moe_small_tile's
             dict(block_k=128, warps_k=2, ctas_per_sm=3, stages=6),
             dict(block_k=128, warps_k=2, ctas_per_sm=2, stages=8),
             dict(block_k=64, warps_k=1, ctas_per_sm=4, stages=8),
-            dict(ctas_per_sm=3, stages=2), dict(f16_mma=True)]  # f16_mma: compose_a8.FP8_ON_F16_MMA (fp8 only)
+            dict(f16_mma=True)]
 
 
 def compose_is_fp8(layer) -> bool:

@@ -25,6 +25,8 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          (dict(weight="int8"), 1024, 2048, False, (64, 700)),
          (dict(weight="int4", group_size=128), 8192, 1024, False, (700,)),
          # 8-bit activations: the warp-specialized wgmma k32 kernels from M = 65 on (partial tiles, K % 128 != 0)
+         # bf16 float weights in small groups: scales that carry the e2m1 converter's 2^126 (out_scale row factors)
+         ("w4a16-mxfp4", 1000, 1536, True, (1, 16, 200)), ("w4a16-nvfp4", 576, 2048, False, (5, 70)),
          ("w8a8-fp8-block128", 1000, 1536, True, (3, 200)), ("w8a8-int8-channel", 1024, 2000, False, (700,)),
          ("w4a8-mxfp4-fp8", 576, 2048, True, (150,)), ("w4a8-int4-g128-int8", 4096, 1024, False, (300,)),
          # codes in the panels layout by one bulk copy and no producer cp.async (full barrier of one arrival)

@@ -18,7 +18,7 @@ from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
 from humming_gen.config.tuning import MAX_SPLIT_K
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import STANDARD
-from humming_gen.pipelines.standard.heuristics import moe_split_bucket
+from humming_gen.pipelines.standard.heuristics import moe_small_tile, moe_split_bucket
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.pipelines.warp_specialized.compose import expert_prefix_bytes
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings, moe_tuning_for
@@ -151,7 +151,8 @@ def moe_standard_plans(standard: list[TuningPlan], layers: list[LayerConfig], ta
                        split_k: int | None = None) -> list[TuningPlan]:
     """Each GEMM's standard-pipeline plan (`standard`, the dense heuristics' buckets read as rows per expert) for an
     MoE layer: no split-K in its buckets (from a row per expert on, the experts' m blocks fill the SMs), and before
-    them the split-K bucket of moe_split_bucket where the layer has one (split_k None). split_k=1: no split bucket;
+    them the split-K bucket of moe_split_bucket where the layer has one (split_k None); buckets of small m blocks take
+    moe_small_tile's CTAs. split_k=1: no split bucket;
     n > 1: every bucket split n ways (at most each GEMM's k tiles; for tests and measurements)."""
     if split_k is not None and (not isinstance(split_k, int) or isinstance(split_k, bool)
                                 or not 1 <= split_k <= MAX_SPLIT_K):
@@ -162,6 +163,8 @@ def moe_standard_plans(standard: list[TuningPlan], layers: list[LayerConfig], ta
                                  for m, t in plan.buckets)) for plan, layer in zip(standard, layers)]
     plans = [TuningPlan(tuple((m, attrs.evolve(t, split_k=1)) for m, t in plan.buckets)) for plan in standard]
     bucket = moe_split_bucket(layers, [plan.buckets[0][1] for plan in plans], target) if split_k is None else None
+    plans = [TuningPlan(tuple((m, moe_small_tile(layer, target, t)) for m, t in plan.buckets))
+             for plan, layer in zip(plans, layers)]
     if bucket is None:
         return plans
     bound, tunings = bucket
@@ -198,4 +201,4 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
         bound, block_m = next((m, bm) for m, bm in MOE_BUCKETS if m is None or rows <= m)
         if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= WS_MOE_FROM_ROWS):
             return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
-    return attrs.evolve(standard.for_m(rows), split_k=1)
+    return moe_small_tile(layer, target, attrs.evolve(standard.for_m(rows), split_k=1))

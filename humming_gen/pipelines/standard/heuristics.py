@@ -159,3 +159,28 @@ def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],
     if all(t.split_k == 1 for t in split):
         return None
     return Fraction(bound, experts), split
+
+
+# MoE buckets whose m blocks hold at most MOE_SMALL_TILE_ROWS rows (an expert's few rows of a batch) are latency-bound
+# (Nsight Compute, Qwen3-30B-A3B at M = 128: DRAM 39-48 %, a fifth of the down GEMMs' stall samples at the stage
+# barrier): they run 4 CTAs per SM of 2 k warps (block_k 128) and 4 stages instead of the dense bucket's 1-2 CTAs of
+# 4 k warps, so more tiles interleave on an SM. H200, Qwen3-30B-A3B (E = 128, top-8) indexed GEMMs, graph us
+# (bench/moe_small_tiles.py, 2026-12-02), the dense bucket's tuning -> this one: W4A16 int4 g128 gate-up M = 16 / 128
+# 46.2 / 87.4 -> 42.4 / 79.6, down 30.3 / 59.4 -> 24.3 / 44.3; W4A8 mxfp4 x fp8 gate-up 62.5 / 115.7 -> 58.5 / 105.7,
+# down 37.0 / 71.6 -> 32.9 / 59.1 (3 CTAs of 6 stages, 2 of 8, block_k 64 at 4 CTAs: each slower in 7 of the 8 cells).
+# Measured for 4-bit weights; other widths keep the dense bucket's tuning.
+MOE_SMALL_TILE_ROWS = 8
+MOE_SMALL_TILE = dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4)
+
+
+def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
+    """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILE where the rule above takes it and
+    four such CTAs fit an SM."""
+    if (tuning.block_m > MOE_SMALL_TILE_ROWS or tuning.split_k != 1 or layer.scheme.weight.bits != 4
+            or arbitrary_group_size(layer.scheme) is not None
+            or tuning.block_k < MOE_SMALL_TILE["block_k"] or tuning.warps_m != 1):
+        return tuning
+    small = attrs.evolve(tuning, **MOE_SMALL_TILE)
+    small = attrs.evolve(small, stages=min(small.stages, slice_stages(layer, small.block_k, 1)))
+    return small if _tuning_fits(layer, target, small) else tuning
+

@@ -1,0 +1,78 @@
+"""The standard pipeline's small-tile MoE buckets (pipelines.standard.heuristics.moe_small_tile): which buckets take
+four CTAs per SM, that the split-K bucket and other weight widths keep their tunings, that indexed and grouped GEMMs
+agree, and that the kernels compile without spills under the 4-CTA register cap."""
+
+from __future__ import annotations
+
+import pytest
+
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.codegen import compose
+from humming_gen.heuristics import choose_tunings, grouped_moe_tuning, moe_tunings
+from humming_gen.heuristics.choose import moe_standard_plans
+from humming_gen.kernel import build_many
+from humming_gen.pipelines.standard.heuristics import MOE_SMALL_TILE, MOE_SMALL_TILE_ROWS
+from humming_gen.targets import get_target
+
+SM90 = get_target("sm_90a")
+QWEN3 = ((2 * 768, 2048), (2048, 768))  # (n, k) of gate-up and down, E = 128
+
+
+def _layers(scheme: str, shapes=QWEN3, experts: int = 128) -> list[LayerConfig]:
+    return [LayerConfig(n=n, k=k, scheme=scheme, num_experts=experts) for n, k in shapes]
+
+
+def _standard(layers: list[LayerConfig]):
+    return [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
+
+
+def _small(t) -> bool:
+    return t.ctas_per_sm == MOE_SMALL_TILE["ctas_per_sm"] and t.block_k == MOE_SMALL_TILE["block_k"]
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8"])
+def test_small_m_blocks_of_4_bit_weights_take_four_ctas(scheme: str) -> None:
+    layers = _layers(scheme)
+    plans = moe_standard_plans(_standard(layers), layers, SM90)
+    for plan in plans:
+        (bound, split), rest = plan.buckets[0], plan.buckets[1:]
+        assert bound < 1 and not _small(split), plan  # the split bucket (one GEMM may not split) keeps its own
+        small = [t for _, t in rest if t.block_m <= MOE_SMALL_TILE_ROWS]
+        assert small and all(_small(t) for t in small), plan
+        assert all(not _small(t) for _, t in rest if t.block_m > MOE_SMALL_TILE_ROWS), plan
+    # the layer's own plans (warp-specialized from 32 rows on) keep the standard buckets below it
+    own = moe_tunings(_standard(layers), layers, [ComputeConfig(gemm="indexed")] * 2, SM90)
+    assert all(_small(t) for plan in own for m, t in plan.buckets[1:] if t.block_m <= MOE_SMALL_TILE_ROWS)
+
+
+@pytest.mark.parametrize("scheme", ["w8a16-int8-channel", "w3a16-int3-g128", "w8a8-fp8-channel"])
+def test_other_weight_widths_keep_the_dense_buckets(scheme: str) -> None:
+    layers = _layers(scheme)
+    plans = moe_standard_plans(_standard(layers), layers, SM90, split_k=1)
+    dense = _standard(layers)
+    for plan, own in zip(plans, dense):
+        assert [t.ctas_per_sm for _, t in plan.buckets] == [t.ctas_per_sm for _, t in own.buckets]
+        assert [t.block_k for _, t in plan.buckets] == [t.block_k for _, t in own.buckets]
+
+
+def test_grouped_gemms_take_the_indexed_buckets_tile() -> None:
+    layers = _layers("w4a16-int4-g128")
+    standard = _standard(layers)
+    indexed = moe_standard_plans(standard, layers, SM90, split_k=1)
+    for layer, plan, own in zip(layers, standard, indexed):
+        for rows in (1, 4, 8):
+            t = grouped_moe_tuning(plan, layer, ComputeConfig(gemm="grouped_contiguous"), SM90, rows)
+            assert _small(t) and t == own.for_m(rows), (rows, t)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8"])
+def test_small_tile_kernels_compile_without_spills(scheme: str) -> None:
+    layers = _layers(scheme)
+    plans = moe_standard_plans(_standard(layers), layers, SM90, split_k=1)
+    computes = [ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"),
+                ComputeConfig(gemm="indexed", topk_weight=True)]
+    kernels = build_many([compose(layer, compute, plan.for_m(MOE_SMALL_TILE_ROWS), SM90)
+                          for layer, compute, plan in zip(layers, computes, plans)])
+    for kernel in kernels:  # ptxas warnings fail the compile
+        r = kernel.compiled.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0 and r["registers"] <= 128, (kernel.name, r)
