@@ -2,10 +2,8 @@
 activation quantization included): token tile, stages and the persistent grid's raster, 8192 x 8192; or ("cluster")
 those tiles with and without two-CTA clusters sharing weight stages; or ("overlap") the promoted partial sums in two
 token halves (compose_a8.OVERLAP_PROMOTION, the default) against one set promoted after every wgmma has retired; or
-("small") the bucket of each M against other splits and token tiles; or ("prefetch") each M's bucket with and without
-the weight registers loaded a half stage ahead (compose_a8.PREFETCH_FRAGMENTS, the default), and without the
-overlapped token halves (buckets that overlap them run the prefetched loop instead).
-Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap|small|prefetch]"""
+("small") the bucket of each M against other splits and token tiles.
+Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|overlap|small]"""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=
             "small": [dict(), dict(split_k=1), dict(split_k=2), dict(split_k=4), dict(block_m=32),
                       dict(block_m=32, split_k=1),
                       dict(block_m=64, split_k=1), dict(block_m=64, split_k=2), dict(block_m=128, split_k=2),
-                      dict(raster="n_major"), dict(raster="m_band")],
-            "prefetch": [dict(), dict(prefetch=False), dict(overlap=False)]}[MODE]
+                      dict(raster="n_major"), dict(raster="m_band")]}[MODE]
 torch.manual_seed(0)
 n = k = 8192
 target = Target.current()
@@ -54,11 +51,11 @@ for name in presets:
     layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=scales_fold(qws[0]))  # as QuantLinear decides it
     plan = choose_tunings(layer, target, stored=False)
     for m in ms:
-        base = plan.for_m(m) if MODE in ("small", "prefetch") else dict(plan.buckets)[None]
+        base = plan.for_m(m) if MODE == "small" else dict(plan.buckets)[None]
         x = torch.randn(m, k, device="cuda").bfloat16()
         built = []
         for v in VARIANTS:
-            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap", "prefetch")}
+            fields = {f: val for f, val in v.items() if f not in ("cluster", "acluster", "overlap")}
             t = attrs.evolve(base, **fields)
             if t.split_k > 1 and t.raster == "m_band" and "raster" not in fields:
                 t = attrs.evolve(t, raster="n_major")  # split-K units walk n-major (an m_band bucket split)
@@ -66,16 +63,15 @@ for name in presets:
                 continue  # an m_band variant of a split bucket; a variant that is the bucket's own
             t = weight_multicast(t) if v.get("cluster") else t
             t = activation_multicast(t) if v.get("acluster") else t
-            if v and "prefetch" not in v:  # as many stages as shared memory holds (the prefetch A/B keeps the bucket's)
+            if v:  # as many stages as shared memory holds
                 t = restaged(layer, target, t)
             compose_a8.OVERLAP_PROMOTION = v.get("overlap", True)
-            compose_a8.PREFETCH_FRAGMENTS = v.get("prefetch", True)
             try:
                 built.append((v, [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1]}", flush=True)
             finally:
-                compose_a8.OVERLAP_PROMOTION = compose_a8.PREFETCH_FRAGMENTS = True
+                compose_a8.OVERLAP_PROMOTION = True
         times = alternating_graph_times([layers for _, layers in built], x)
         for (v, _), us in zip(built, times):
             print(f"{name} m={m} {v}: {us:.1f} us ({2 * m * n * k / us / 1e6:.0f} TFLOP/s)", flush=True)

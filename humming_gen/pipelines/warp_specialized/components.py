@@ -257,9 +257,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # promoted partial sums in two token halves, each promoted while the other's wgmmas run (m64n{block_m / 2}k32;
     # a stage's last half is promoted with nothing in flight)
     overlap: bool = option_field()
-    # one set of partial sums, the stage's k32 steps in two halves whose weight registers are loaded while the other
-    # half's wgmmas run (compose_a8.prefetches_fragments)
-    prefetch: bool = option_field()
     # e8m0 activation group scales staged with the codes as bytes (ActivationScalesStage.e8m0)
     staged_e8m0: bool = option_field()
 
@@ -328,5 +325,4 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "prefetch": self.prefetch,
                 "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}

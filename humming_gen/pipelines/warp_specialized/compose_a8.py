@@ -77,12 +77,6 @@ PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # with it, only a stage's last half is promoted with nothing in flight), where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
 # bench/a8_sweep.py 'overlap', bench/group32_case.py --variants).
 OVERLAP_PROMOTION = True
-# The single-set loop in two halves of a stage's k32 steps (skeleton_a8's prefetched loop): the first half's wgmmas
-# run while the second half's weight registers are loaded (widened, for nibbles), and the second half's while the
-# next stage's first half is, where one promotion spans the stage and the weights are register operands
-# (prefetches_fragments). False keeps the loop that loads each stage's registers before its wgmmas (for measurements:
-# bench/a8_sweep.py 'prefetch').
-PREFETCH_FRAGMENTS = True
 # MXFP8's e8m0 activation group scales staged with the codes (4-byte cp.asyncs of a token's groups of a stage)
 # instead of read from global memory at every promotion. H200, MXFP4 weights x MXFP8, M = 4096 (bench/group32_case.py
 # --variants), us read / staged: 3072 x 4096 733.2 / 429.9 at 64 tokens, 355.0 staged at 128; 14336 x 4096 3221.6 /
@@ -201,15 +195,6 @@ def overlaps_promotion(layer: LayerConfig, tuning: TuningConfig) -> bool:
     once_a_stage = promote_k(layer, tuning.block_k) == tuning.block_k
     nibbles = standard_a8.nibble_order(layer) is not None
     return not (nibbles and once_a_stage and tuning.block_m < 192)
-
-
-def prefetches_fragments(layer: LayerConfig, tuning: TuningConfig, overlap: bool, shared_weights: bool) -> bool:
-    """Whether the single-set loop loads the weight registers a half stage ahead (PREFETCH_FRAGMENTS; the switch
-    itself is the caller's): one promotion a stage (or none in the loop), register weights, an even number of k32
-    steps a stage."""
-    steps = tuning.block_k // 32
-    return (not overlap and not shared_weights and promote_k(layer, tuning.block_k) == tuning.block_k
-            and steps % 2 == 0)
 
 
 def promote_k(layer: LayerConfig, block_k: int) -> int:
@@ -358,7 +343,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if scale_bytes:
         memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
     overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
-    prefetch = PREFETCH_FRAGMENTS and prefetches_fragments(layer, t, overlap, shared_weights)
     mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
         weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
         n=t.block_m // 2 if overlap else t.block_m)]
@@ -399,8 +383,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
-                                         a_bulk=a_bulk, overlap=overlap, prefetch=prefetch,
-                                         staged_e8m0=e8m0_staged)
+                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
