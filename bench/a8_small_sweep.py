@@ -1,7 +1,7 @@
 """Small-M sweep of the standard pipeline's 8-bit-activation kernels (mma.sync; F2FP + HMMA on sm_90a) against the
 heuristics' bucket (warp-specialized), N = K = 8192, canonical graph timing with the activation quantization: splits,
 CTAs per SM, stages and k tiles that keep the layer's weight layout (block_n, warps_n and block_k / warps_k), and
-the opt-in fp8 on f16 mmas (compose_a8.FP8_ON_F16_MMA).
+fp8 on f16 mmas (compose_a8.FP8_ON_F16_MMA, the default) against ptxas's own fp8 mma.sync.
 Usage: python bench/a8_small_sweep.py [preset,...] [M,...]"""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from humming_gen.targets import Target
 presets = (sys.argv[1] if len(sys.argv) > 1 else "w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128").split(",")
 ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1,16").split(",")]
 # None: the heuristics' own bucket; the dicts: TuningConfig fields over the standard pipeline's bucket
-VARIANTS = [None, dict(), dict(f16_mma=True), dict(split_k=8), dict(split_k=2), dict(stages=4),
+VARIANTS = [None, dict(), dict(f16_mma=False), dict(split_k=8), dict(split_k=2), dict(stages=4),
             dict(ctas_per_sm=1, stages=4),
             dict(block_k=128, warps_k=2, split_k=8, ctas_per_sm=3, stages=4),
             dict(block_k=128, warps_k=2, split_k=4, ctas_per_sm=3, stages=3), dict(split_k=8, stages=2)]
@@ -41,14 +41,14 @@ for name in presets:
             fields = {f: val for f, val in (v or {}).items() if f != "f16_mma"}
             t = (choose_tunings(layer, target, stored=False).for_m(m) if v is None
                  else attrs.evolve(choose_tunings(layer, target, pipeline="standard").for_m(m), **fields))
-            standard_a8.FP8_ON_F16_MMA = bool(v and v.get("f16_mma"))  # (compose_a8's opt-in f16 mmas)
+            standard_a8.FP8_ON_F16_MMA = (v or {}).get("f16_mma", True)  # (False: ptxas's own fp8 mma.sync)
             try:
                 built.append(("heuristics" if v is None else f"standard {v}",
                               [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, t),))) for q in qws]))
             except Exception as e:
                 print(f"{name} m={m} {v}: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
             finally:
-                standard_a8.FP8_ON_F16_MMA = False
+                standard_a8.FP8_ON_F16_MMA = True
         times = alternating_graph_times([layers for _, layers in built], x)
         for (label, _), us in zip(built, times):
             print(f"{name} m={m} {label}: {us:.1f} us", flush=True)

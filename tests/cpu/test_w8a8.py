@@ -151,7 +151,7 @@ def _source(scheme: str, target: str = "sm_90a", m: int = 1, **kw) -> str:
 
 def test_rendered_source_holds_only_the_8bit_path() -> None:
     # (the standard pipeline's kernels; on sm_90a the heuristics take the warp-specialized ones at every M)
-    fp8 = _source("w8a8-fp8-channel", m=16, pipeline="standard")
+    fp8 = _source("w8a8-fp8-channel", target="sm_89", m=16, pipeline="standard")  # (sm_90a: f16 mmas)
     int8 = _source("w8a8-int8-channel", target="sm_80")
     block = _source("w8a8-fp8-block128", has_bias=True, pipeline="standard")
     for src in (fp8, int8, block):
@@ -729,7 +729,7 @@ def test_fp8_on_f16_mmas_every_path_compiles(monkeypatch) -> None:
     for plan, kernel in zip(plans, build_many(plans)):
         src = generate(plan)
         assert "m16n8k16.row.col.f32.f16.f16.f32" in src and "mma.sync.aligned.m16n8k32" not in src, plan.kernel_name
-        assert plan.kernel_name.endswith("_f16mma"), plan.kernel_name
+        assert "_f16mma" in plan.kernel_name, plan.kernel_name
         assert_no_spills(kernel, plan.kernel_name)
     assert "cvt.rn.f16x2.e5m2x2" in generate(plans[-1]) and "cvt.rn.f16x2.e4m3x2" not in generate(plans[-1])
     native = _plan("w8a8-fp8-channel", "sm_100a", 1, pipeline="standard")

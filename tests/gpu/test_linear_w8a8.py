@@ -151,24 +151,26 @@ def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
         assert err < TOLERANCE[torch.bfloat16], f"m={m}: relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("f16", [True, False], ids=["f16_mmas", "ptxas_fp8_mma"])
 @pytest.mark.parametrize("scheme", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", E5M2_NAME])
-def test_fp8_on_f16_mmas(monkeypatch, scheme) -> None:
-    """compose_a8.FP8_ON_F16_MMA (opt-in): the standard pipeline's fp8 x fp8 as explicit f16 mmas (activation
-    fragments widened once per k32 step), every bucket through standard_layer, with a bias."""
+def test_fp8_on_f16_mmas(monkeypatch, scheme, f16: bool) -> None:
+    """compose_a8.FP8_ON_F16_MMA (sm_90a's default): the standard pipeline's fp8 x fp8 as explicit f16 mmas
+    (activation fragments widened once per k32 step); and with it off, the fp8 mma.sync that sm_89 / sm_120a kernels
+    issue (on sm_90a ptxas's F2FP + HMMA): every bucket through standard_layer, with a bias."""
     from humming_gen.pipelines.standard import compose_a8 as standard_a8
 
     if not hg.Target.current().has("wgmma"):
         pytest.skip("the f16 form is composed on sm_90a only (elsewhere fp8 mma.sync is native)")
-    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", True)
+    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", f16)
     torch.manual_seed(11)
     n, k = 4000, 3072
     s = FP8_E5M2_ACT if scheme == E5M2_NAME else hg.scheme(scheme)
     qw = s.quantize(torch.randn(n, k, device="cuda") * 0.05)
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
     layer = standard_layer(hg.QuantLinear.from_quantized(qw, bias=bias), qw, bias, torch.bfloat16)
-    assert all("_f16mma" in kern.plan.kernel_name for _, kern in layer._buckets)
+    assert all(("_f16mma" in kern.plan.kernel_name) == f16 for _, kern in layer._buckets)
     for m in (1, 7, 16, 64, 300):
-        _check(layer, qw, bias, torch.bfloat16, m, f"{scheme} on f16 mmas")
+        _check(layer, qw, bias, torch.bfloat16, m, f"{scheme} on {'f16' if f16 else 'fp8'} mmas")
 
 
 @pytest.mark.parametrize("scheme", ["w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8",

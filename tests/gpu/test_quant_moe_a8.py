@@ -325,17 +325,20 @@ def test_a8_cuda_graph_replay_with_new_routing_and_no_host_sync() -> None:
     assert _rel(out, ref) < LAYER_TOLERANCE["float8e4m3"]
 
 
+@pytest.mark.parametrize("f16", [True, False], ids=["f16_mmas", "ptxas_fp8_mma"])
 @pytest.mark.parametrize("preset", ["w8a8-fp8-channel", "w8a8-fp8-block128", "w4a8-mxfp4-fp8", "w8a8-mxfp8"])
-def test_quant_moe_a8_fp8_on_f16_mmas(monkeypatch, preset: str) -> None:
-    """compose_a8.FP8_ON_F16_MMA (opt-in): the standard buckets' fp8 x fp8 as explicit f16 mmas, against the
-    float64 reference, torch activation, M in M_VALUES and top-k 2."""
+def test_quant_moe_a8_fp8_on_f16_mmas(monkeypatch, preset: str, f16: bool) -> None:
+    """compose_a8.FP8_ON_F16_MMA (sm_90a's default): the standard buckets' fp8 x fp8 as explicit f16 mmas, and with
+    it off the fp8 mma.sync of sm_89 / sm_120a kernels, against the float64 reference, torch activation, M in
+    M_VALUES and top-k 2."""
     from humming_gen.pipelines.standard import compose_a8 as standard_a8
 
     if not hg.Target.current().has("wgmma"):
         pytest.skip("the f16 form is composed on sm_90a only (elsewhere fp8 mma.sync is native)")
-    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", True)
+    monkeypatch.setattr(standard_a8, "FP8_ON_F16_MMA", f16)
     moe, q13, q2, b13, b2 = _layer(preset, 19, seed=5, fused=False)
-    assert all("_f16mma" in kernel.plan.kernel_name for pair in moe._kernels for kernel in pair)
+    assert all(("_f16mma" in kernel.plan.kernel_name) == f16 for pair in moe._kernels for kernel in pair
+               if kernel.plan.tuning.pipeline == "standard")
     tolerance = LAYER_TOLERANCE[moe.activation_schemes[0].dtype.name]
     for m in M_VALUES:
         x = torch.randn(m, H, device="cuda").to(moe.dtype)

@@ -78,10 +78,15 @@ class MmaSyncM16N8K32ViaF16(Component):
 
     template: ClassVar[str] = "mma/mma_sync_m16n8k32_f16.cuh.j2"
     family: ClassVar[str] = "mma"
-    provides: ClassVar[frozenset[str]] = frozenset({"mma_m16n8k32", "widen_activation_fragment"})
     requires: ClassVar[frozenset[str]] = frozenset({"mma_fp8"})  # (its cvt f16x2.e4m3x2 / e5m2x2: sm_89+)
     weight: str      # float8e4m3 / float8e5m2
     activation: str
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        """The mma, the activation widening and a code converter per fp8 kind of the operands."""
+        return frozenset({"mma_m16n8k32", "widen_activation_fragment"}
+                         | {f"{FP8_PTX[d]}x4_to_f16" for d in (self.weight, self.activation)})
 
     def __attrs_post_init__(self) -> None:
         if self.weight not in FP8_PTX or self.activation not in FP8_PTX:

@@ -56,8 +56,12 @@ MMA = "m16n8k32"  # TuningConfig.mma of these kernels
 # (MmaSyncM16N8K32ViaF16): the two halves chain through the accumulators instead of ptxas's k32 product from zero
 # plus 4 FADDs per mma (its F2FPs are hoisted across tiles either way: same count). Hot loops on sm_90a, standard
 # tunings, N = K = 8192: fp8 channel 281 -> 233 SASS instructions at M = 1 (-17 %), 531 -> 403 at 32 (-24 %);
-# block128 310 -> 279 (-10 %); W4A8 mxfp4 460 -> 427 (-7 %); MXFP8 380 -> 361 (-5 %). Opt-in until timed on the H200.
-FP8_ON_F16_MMA = False
+# block128 310 -> 279 (-10 %); W4A8 mxfp4 460 -> 427 (-7 %); MXFP8 380 -> 361 (-5 %). H200, graph us, native -> f16
+# (2026-12-02): MoE indexed GEMMs (bench/moe_small_tiles.py) Qwen3-30B-A3B W4A8 mxfp4 x fp8 gate-up M = 16 / 128
+# 62.5 / 115.7 -> 61.0 / 111.7, down 37.0 / 71.6 -> 36.1 / 69.5; gpt-oss-120b gate-up 171.2 / 372.1 -> 160.0 / 368.7,
+# down 87.8 / 198.3 -> 87.6 / 196.2; dense 8192^2 at M = 1 (standard buckets, bench/a8_small_sweep.py) fp8 channel
+# 26.9 -> 26.7, block128 27.6 -> 27.1, W4A8 23.2 -> 23.0. False renders ptxas's own lowering (for measurements).
+FP8_ON_F16_MMA = True
 MMA_S4 = "m16n8k64"  # ... and of those with int4 activations
 
 
@@ -437,8 +441,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     per_expert = expert_bytes(layer, n_pad)
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + moe_name_suffix(compute)
-                       + ("_xq" if quantize_a else "") + ("_f16mma" if f16_mma else ""))
+    name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + ("_f16mma" if f16_mma else "")
+                       + moe_name_suffix(compute) + ("_xq" if quantize_a else ""))
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
