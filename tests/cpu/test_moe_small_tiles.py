@@ -11,7 +11,7 @@ from humming_gen.codegen import compose
 from humming_gen.heuristics import choose_tunings, grouped_moe_tuning, moe_tunings
 from humming_gen.heuristics.choose import moe_standard_plans
 from humming_gen.kernel import build_many
-from humming_gen.pipelines.standard.heuristics import MOE_SMALL_TILE, MOE_SMALL_TILE_ROWS
+from humming_gen.pipelines.standard.heuristics import MOE_SMALL_TILES
 from humming_gen.targets import get_target
 
 SM90 = get_target("sm_90a")
@@ -26,8 +26,13 @@ def _standard(layers: list[LayerConfig]):
     return [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
 
 
+MOST_ROWS = max(MOE_SMALL_TILES)
+
+
 def _small(t) -> bool:
-    return t.ctas_per_sm == MOE_SMALL_TILE["ctas_per_sm"] and t.block_k == MOE_SMALL_TILE["block_k"]
+    """Whether t is the small-tile tuning of its m block."""
+    fields = next((f for rows, f in MOE_SMALL_TILES.items() if t.block_m <= rows), None)
+    return fields is not None and all(getattr(t, name) == value for name, value in fields.items() if name != "stages")
 
 
 @pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8"])
@@ -37,12 +42,12 @@ def test_small_m_blocks_of_4_bit_weights_take_four_ctas(scheme: str) -> None:
     for plan in plans:
         (bound, split), rest = plan.buckets[0], plan.buckets[1:]
         assert bound < 1 and not _small(split), plan  # the split bucket (one GEMM may not split) keeps its own
-        small = [t for _, t in rest if t.block_m <= MOE_SMALL_TILE_ROWS]
+        small = [t for _, t in rest if t.block_m <= MOST_ROWS]
         assert small and all(_small(t) for t in small), plan
-        assert all(not _small(t) for _, t in rest if t.block_m > MOE_SMALL_TILE_ROWS), plan
+        assert all(not _small(t) for _, t in rest if t.block_m > MOST_ROWS), plan
     # the layer's own plans (warp-specialized from 32 rows on) keep the standard buckets below it
     own = moe_tunings(_standard(layers), layers, [ComputeConfig(gemm="indexed")] * 2, SM90)
-    assert all(_small(t) for plan in own for m, t in plan.buckets[1:] if t.block_m <= MOE_SMALL_TILE_ROWS)
+    assert all(_small(t) for plan in own for m, t in plan.buckets[1:] if t.block_m <= MOST_ROWS)
 
 
 @pytest.mark.parametrize("scheme", ["w8a16-int8-channel", "w3a16-int3-g128", "w8a8-fp8-channel"])
@@ -60,19 +65,28 @@ def test_grouped_gemms_take_the_indexed_buckets_tile() -> None:
     standard = _standard(layers)
     indexed = moe_standard_plans(standard, layers, SM90, split_k=1)
     for layer, plan, own in zip(layers, standard, indexed):
-        for rows in (1, 4, 8):
+        for rows in (1, 4, 8, 12, 16):
             t = grouped_moe_tuning(plan, layer, ComputeConfig(gemm="grouped_contiguous"), SM90, rows)
             assert _small(t) and t == own.for_m(rows), (rows, t)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8"])
-def test_small_tile_kernels_compile_without_spills(scheme: str) -> None:
+@pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8", "w4a8-int4-g128-int8"])
+def test_small_tile_kernels_compile_without_spills(scheme: str, activation: str) -> None:
+    """Every small m block's kernels (GEMM1 with a fused gated epilogue, GEMM2 with router weights, grouped) within
+    their CTAs' register share."""
     layers = _layers(scheme)
     plans = moe_standard_plans(_standard(layers), layers, SM90, split_k=1)
-    computes = [ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"),
+    computes = [ComputeConfig(gemm="indexed", epilogue_activation=activation),
                 ComputeConfig(gemm="indexed", topk_weight=True)]
-    kernels = build_many([compose(layer, compute, plan.for_m(MOE_SMALL_TILE_ROWS), SM90)
-                          for layer, compute, plan in zip(layers, computes, plans)])
-    for kernel in kernels:  # ptxas warnings fail the compile
+    built = []
+    for rows in MOE_SMALL_TILES:
+        for layer, compute, plan in zip(layers, computes, plans):
+            t = plan.for_m(rows)
+            assert _small(t) and t.block_m == rows, t
+            built.append(compose(layer, compute, t, SM90))
+        built.append(compose(layers[1], ComputeConfig(gemm="grouped_contiguous"), plans[1].for_m(rows), SM90))
+    for plan, kernel in zip(built, build_many(built)):  # ptxas warnings fail the compile
         r = kernel.compiled.resources
-        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0 and r["registers"] <= 128, (kernel.name, r)
+        cap = 65536 // (plan.tuning.ctas_per_sm * plan.threads)
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0 and r["registers"] <= cap, (kernel.name, r)

@@ -34,9 +34,10 @@ from humming_gen.targets import Target
 SLICE_SCALE_MAX_M_TILES = 2  # beyond this, scaling partial sums costs more than scaling weights
 SMEM_PER_CTA_RESERVED = 1024  # shared memory the driver keeps per resident CTA
 # Dense split-K kernels load the store's column scales / biases before the reductions (StoreOutput.preload_factors),
-# off the last slice's serial tail (8 dependent loads after its workspace reads, SASS of W4A16 MXFP4 M = 1); False
-# (the default until it is timed on the H200, bench/carry_exponent.py) keeps the loads in the store.
-PRELOAD_SPLIT_K_FACTORS = False
+# off the last slice's serial tail (8 dependent loads after its workspace reads, SASS of W4A16 MXFP4 M = 1). H200,
+# 8192^2, graph us (bench/carry_exponent.py, 2026-12-02), in the store -> preloaded: W4A16 MXFP4 M = 1 / 16
+# 21.4 / 25.5 -> 18.9 / 22.4, NVFP4 21.4 / 25.2 -> 19.0 / 22.2. False keeps the loads in the store (for measurements).
+PRELOAD_SPLIT_K_FACTORS = True
 
 
 @attrs.frozen

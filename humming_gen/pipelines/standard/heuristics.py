@@ -161,26 +161,35 @@ def moe_split_bucket(layers: list[LayerConfig], tunings: list[TuningConfig],
     return Fraction(bound, experts), split
 
 
-# MoE buckets whose m blocks hold at most MOE_SMALL_TILE_ROWS rows (an expert's few rows of a batch) are latency-bound
-# (Nsight Compute, Qwen3-30B-A3B at M = 128: DRAM 39-48 %, a fifth of the down GEMMs' stall samples at the stage
-# barrier): they run 4 CTAs per SM of 2 k warps (block_k 128) and 4 stages instead of the dense bucket's 1-2 CTAs of
-# 4 k warps, so more tiles interleave on an SM. H200, Qwen3-30B-A3B (E = 128, top-8) indexed GEMMs, graph us
-# (bench/moe_small_tiles.py, 2026-12-02), the dense bucket's tuning -> this one: W4A16 int4 g128 gate-up M = 16 / 128
-# 46.2 / 87.4 -> 42.4 / 79.6, down 30.3 / 59.4 -> 24.3 / 44.3; W4A8 mxfp4 x fp8 gate-up 62.5 / 115.7 -> 58.5 / 105.7,
-# down 37.0 / 71.6 -> 32.9 / 59.1 (3 CTAs of 6 stages, 2 of 8, block_k 64 at 4 CTAs: each slower in 7 of the 8 cells).
-# Measured for 4-bit weights; other widths keep the dense bucket's tuning.
-MOE_SMALL_TILE_ROWS = 8
-MOE_SMALL_TILE = dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4)
+# MoE buckets whose m blocks hold at most 16 rows (an expert's few rows of a batch) are latency-bound (Nsight
+# Compute, Qwen3-30B-A3B at M = 128: DRAM 39-48 %, a fifth of the down GEMMs' stall samples at the stage barrier):
+# they run 3-4 CTAs per SM of 2 k warps (block_k 128) instead of the dense bucket's 1-2 CTAs of 4 k warps, so more
+# tiles interleave on an SM. H200 indexed GEMMs, graph us (bench/moe_small_tiles.py, 2026-12-02), the dense bucket's
+# tuning -> this one:
+#   Qwen3-30B-A3B (E = 128, top-8), 8-row blocks (4 CTAs of 4 stages) at M = 16 / 128: W4A16 int4 g128 gate-up 46.2 /
+#   87.4 -> 42.4 / 79.6, down 30.3 / 59.4 -> 24.3 / 44.3; W4A8 mxfp4 x fp8 gate-up 62.5 / 115.7 -> 58.5 / 105.7, down
+#   37.0 / 71.6 -> 32.9 / 59.1; 16-row blocks (3 CTAs of 6 stages) at M = 256: W4A16 gate-up 150.4 -> 105.2, down
+#   78.8 -> 61.1, W4A8 202.1 -> 144.8, 136.0 -> 83.1 (4 CTAs: 100.2, 59.7, 150.3, 80.4, but at their 128 registers a
+#   16-row W4A8 MXFP4 gate-up with the fused gated epilogue spills);
+#   gpt-oss-120b (E = 128, top-4), 8-row blocks at M = 16 / 128: W4A16 MXFP4 gate-up 180.1 / 416.3 -> 158.6 / 365.0,
+#   down 95.9 / 220.4 -> 86.4 / 194.3; W4A8 gate-up 190.8 / 423.2 -> 171.6 / 371.7, down 93.8 / 221.2 -> 88.3 / 198.4.
+# Other variants (2 CTAs of 8 stages, block_k 64 at 4 CTAs) were within 4 % or slower. Measured for 4-bit weights;
+# other widths keep the dense bucket's tuning.
+MOE_SMALL_TILES = {8: dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),  # most rows per m block -> tuning
+                   16: dict(block_k=128, warps_k=2, ctas_per_sm=3, stages=6)}
 
 
 def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
-    """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILE where the rule above takes it and
-    four such CTAs fit an SM."""
-    if (tuning.block_m > MOE_SMALL_TILE_ROWS or tuning.split_k != 1 or layer.scheme.weight.bits != 4
+    """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILES says for its m block, where the
+    rule above takes it and its CTAs fit an SM with rings of at least 3 stages."""
+    fields = next((f for rows, f in MOE_SMALL_TILES.items() if tuning.block_m <= rows), None)
+    if (fields is None or tuning.split_k != 1 or layer.scheme.weight.bits != 4
             or arbitrary_group_size(layer.scheme) is not None
-            or tuning.block_k < MOE_SMALL_TILE["block_k"] or tuning.warps_m != 1):
+            or tuning.block_k < fields["block_k"] or tuning.warps_m != 1):
         return tuning
-    small = attrs.evolve(tuning, **MOE_SMALL_TILE)
-    small = attrs.evolve(small, stages=min(small.stages, slice_stages(layer, small.block_k, 1)))
-    return small if _tuning_fits(layer, target, small) else tuning
-
+    small = attrs.evolve(tuning, **fields)
+    deepest = min(small.stages, slice_stages(layer, small.block_k, 1))
+    # the deepest ring up to the table's that the CTAs' shared memory holds (group scales take a share), at least 3
+    fitting = [s for s in range(min(3, deepest), deepest + 1)
+               if _tuning_fits(layer, target, attrs.evolve(small, stages=s))]
+    return attrs.evolve(small, stages=fitting[-1]) if fitting else tuning
