@@ -151,8 +151,9 @@ def test_group_sizes_not_multiple_of_16_match_reference(case):
     assert not bad, f"{cid}: relative error above {TOLERANCE[dtype]} at {bad} (all: {errors})"
 
 
-# split-K kernels with the store's column factors loaded before the reductions (PRELOAD_SPLIT_K_FACTORS, opt-in):
-# out_scale (carried exponents, channel scales, a global scale) and biases, at the split-K buckets M = 1, 3, 16
+# split-K kernels with the store's column factors loaded before the reductions (PRELOAD_SPLIT_K_FACTORS, the
+# default) and in the store: out_scale (carried exponents, channel scales, a global scale) and biases, at the split-K
+# buckets M = 1, 3, 16
 PRELOAD_CASES = [("mxfp4-bias", dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0"), True),
                  ("nvfp4", dict(weight="float4e2m1", group_size=16, scale_dtype="float8e4m3", global_scale=True),
                   False),
@@ -160,11 +161,12 @@ PRELOAD_CASES = [("mxfp4-bias", dict(weight="float4e2m1", group_size=32, scale_d
                  ("int4-g128-bias", dict(weight="int4", group_size=128), True)]
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["preloaded", "in_store"])
 @pytest.mark.parametrize("case", PRELOAD_CASES, ids=[c[0] for c in PRELOAD_CASES])
-def test_split_k_preloaded_column_factors_match_reference(monkeypatch, case):
+def test_split_k_preloaded_column_factors_match_reference(monkeypatch, case, preload: bool):
     from humming_gen.pipelines.standard import compose as standard_compose
 
-    monkeypatch.setattr(standard_compose, "PRELOAD_SPLIT_K_FACTORS", True)
+    monkeypatch.setattr(standard_compose, "PRELOAD_SPLIT_K_FACTORS", preload)
     cid, kwargs, bias_on = case
     errors = run_case(kwargs, torch.bfloat16, 4096, 4096, bias_on, m_values=(1, 3, 16))
     bad = {m: e for m, e in errors.items() if not e < TOLERANCE[torch.bfloat16]}
