@@ -25,8 +25,8 @@
 //   schedule.DenseSplitKSchedule(split_k=8)
 //   epilogue.WarpKReduce(warps_k=4)
 //   epilogue.SplitKReduce(split_k=8)
-//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False)
-//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True)
+//   epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False, preload_factors=True)
+//   pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True, preload_factors=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 32, "scale_dtype": "float8e8m0", "scale_rule": "rceil", "weight": "float4e2m1", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
@@ -397,12 +397,32 @@ __device__ __forceinline__ bool split_k_reduce(float (&acc)[cfg::kWarpNTiles][cf
   return true;
 }
 
-// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False)
+// ---- epilogue.StoreOutput(dtype='bfloat16', out_dtype='bfloat16', out_scale=True, bias=False, preload_factors=True)
 // epilogue: fp32 accumulators -> bfloat16 output (m x n, row-major, leading dimension ldc), times the per-column
 // fp32 scale (channel, tensor and global scales and row factors folded together).
 // Fragment of tile (nt, mt): registers 0, 1 hold (n = g, m = 2t, 2t + 1), registers 2, 3 hold n = g + 8.
+// The column scales and biases of this thread's accumulator rows (g and g + 8 of each n tile) in registers: the
+// pipeline loads them before its reductions, so that their loads overlap the split-K hand-off instead of following
+// the last slice's workspace reads one by one (a load after a store to c waits for it).
+struct ColumnFactors {
+  float scales[cfg::kWarpNTiles][2];
+};
+
+__device__ __forceinline__ ColumnFactors column_factors(const Params& p, int n_base) {
+  const int g = (threadIdx.x % 32) / 4;
+  ColumnFactors f;
+#pragma unroll
+  for (int nt = 0; nt < cfg::kWarpNTiles; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int n = n_base + nt * 16 + g + 8 * half;
+      f.scales[nt][half] = n < cfg::kN ? static_cast<const float*>(p.out_scale)[n] : 0.0f;
+    }
+  return f;
+}
+
 __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const Params& p,
-                                             int n_base, int m_base) {
+                                             int n_base, int m_base, const ColumnFactors& f) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   u16* c = static_cast<u16*>(p.c);
 #pragma unroll
@@ -411,13 +431,12 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
     for (int half = 0; half < 2; ++half) {
       const int n = n_base + nt * 16 + g + 8 * half;
       if (n >= cfg::kN) continue;
-      const float scale = static_cast<const float*>(p.out_scale)[n];
 #pragma unroll
       for (int mt = 0; mt < cfg::kWarpMTiles; ++mt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int m = m_base + mt * 8 + 2 * t + j;
-          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j] * scale);
+          if (m < p.m) c[static_cast<long long>(m) * p.ldc + n] = from_float(acc[nt][mt][2 * half + j] * f.scales[nt][half]);
         }
       }
     }
@@ -426,7 +445,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True)
+// ---- pipeline.StandardPipeline(kernel_name='gemm_wfloat4e2m1g32sfloat8e8m0_abfloat16_n4096k4096_sm_90a_8x128x256s3w1x2x4k8', group_params=('b_scale',), hoist_group_params=False, slice_scale=False, dequant_params=('scale',), convert_in_extract=False, warp_k_reduce=True, split_k=True, min_blocks=2, pdl=True, preload_factors=True)
 // pipeline: standard (cp.async multi-stage ring + ldmatrix + in-register dequantization + mma.sync).
 // Weights are the mma A operand (16 n rows x 16 k), activations the B operand (16 k x 8 m), so a decode step
 // with m <= 8 wastes no tensor-core rows on padding. kStages stages of {activation tile, packed weight tile
@@ -518,11 +537,13 @@ extern "C" __global__ void __launch_bounds__(cfg::kThreads, 2) gemm_wfloat4e2m1g
   __syncthreads();  // the ring is idle: its shared memory may be reused by the epilogue
   allow_next_grid();  // the next kernel may start its weight prefetch while this one finishes the epilogue
 
+  // this thread's column scales / biases, loaded here so that they arrive during the reductions below
+  const ColumnFactors factors = column_factors(p, tc.n0 + wn * cfg::kWarpN);
   reduce_warps_k(acc, reinterpret_cast<float*>(smem), wk, wmn);
   if (!split_k_reduce(acc, static_cast<float*>(p.workspace), static_cast<int*>(p.counters), tc.split, tc.tile, wmn,
                       wk == 0))
     return;
-  if (wk == 0) store_output(acc, p, tc.n0 + wn * cfg::kWarpN, tc.m0 + wm * cfg::kWarpM);
+  if (wk == 0) store_output(acc, p, tc.n0 + wn * cfg::kWarpN, tc.m0 + wm * cfg::kWarpM, factors);
 }
 
 }  // namespace hg
