@@ -1,6 +1,6 @@
 """A/B of group scales that carry the float converter's power of two (pipelines.common.CARRY_CONVERTER_EXPONENT,
 the default) against the converter's own multiply per dequantized register, and with the split-K kernels' column
-factors preloaded (pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS, opt-in): dense 16-bit-activation layers of
+factors in the store and preloaded (pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS, the default): dense 16-bit-activation layers of
 float weights with small groups (MXFP4, NVFP4; N = K = 8192) and a gpt-oss-shaped QuantMoE (E = 128, top-4,
 H = I = 2880, MXFP4, whole forward). Graph method, the variants in one process, alternating rounds.
 Usage: python bench/carry_exponent.py [dense M list] [MoE M list]"""
@@ -25,12 +25,13 @@ VARIANTS = (("carried", True, False), ("multiply", False, False), ("carried+prel
 
 def build(make) -> dict:
     built = {}
+    defaults = common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS
     for name, carry, preload in VARIANTS:
         common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS = carry, preload
         try:
             built[name] = make()
         finally:
-            common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS = True, False
+            common.CARRY_CONVERTER_EXPONENT, standard_compose.PRELOAD_SPLIT_K_FACTORS = defaults
     return built
 
 

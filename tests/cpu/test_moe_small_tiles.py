@@ -1,6 +1,7 @@
 """The standard pipeline's small-tile MoE buckets (pipelines.standard.heuristics.moe_small_tile): which buckets take
-four CTAs per SM, that the split-K bucket and other weight widths keep their tunings, that indexed and grouped GEMMs
-agree, and that the kernels compile without spills under the 4-CTA register cap."""
+three or four CTAs per SM, that the split-K bucket and other weight widths keep their tunings, that indexed and grouped GEMMs
+agree, that no bucket leaves the layout's warp k slice, and that the kernels compile without spills under the 3- and
+4-CTA register caps."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _small(t) -> bool:
 
 
 @pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a16-mxfp4", "w4a8-mxfp4-fp8"])
-def test_small_m_blocks_of_4_bit_weights_take_four_ctas(scheme: str) -> None:
+def test_small_m_blocks_of_4_bit_weights_take_small_tiles(scheme: str) -> None:
     layers = _layers(scheme)
     plans = moe_standard_plans(_standard(layers), layers, SM90)
     for plan in plans:
@@ -58,6 +59,17 @@ def test_other_weight_widths_keep_the_dense_buckets(scheme: str) -> None:
     for plan, own in zip(plans, dense):
         assert [t.ctas_per_sm for _, t in plan.buckets] == [t.ctas_per_sm for _, t in own.buckets]
         assert [t.block_k for _, t in plan.buckets] == [t.block_k for _, t in own.buckets]
+
+
+@pytest.mark.parametrize("warp_k", [32, 64, 128])
+def test_small_tiles_keep_the_warp_k_slice(warp_k: int) -> None:
+    """Every bucket of a GEMM keeps its layout's k slice per warp (one packed weight), also where the standard plans
+    were chosen for another layout (choose_tunings' warp_k override): such buckets keep their own tunings."""
+    layers = _layers("w4a16-int4-g128")
+    standard = [choose_tunings(layer, SM90, pipeline="standard", warp_k=warp_k) for layer in layers]
+    for plan in moe_standard_plans(standard, layers, SM90, split_k=1):
+        assert {t.block_k // t.warps_k for _, t in plan.buckets} == {warp_k}, plan
+        assert any(_small(t) for _, t in plan.buckets) == (warp_k == 64), plan
 
 
 def test_grouped_gemms_take_the_indexed_buckets_tile() -> None:

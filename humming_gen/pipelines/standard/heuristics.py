@@ -181,15 +181,18 @@ MOE_SMALL_TILES = {8: dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),  # 
 
 def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
     """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILES says for its m block, where the
-    rule above takes it and its CTAs fit an SM with rings of at least 3 stages."""
+    rule above takes it, the bucket's warps already take the table's k slice (the layout's: one packed weight) and
+    its CTAs fit an SM with rings of at least 3 stages (or of every k tile, where K holds fewer)."""
     fields = next((f for rows, f in MOE_SMALL_TILES.items() if tuning.block_m <= rows), None)
     if (fields is None or tuning.split_k != 1 or layer.scheme.weight.bits != 4
-            or arbitrary_group_size(layer.scheme) is not None
-            or tuning.block_k < fields["block_k"] or tuning.warps_m != 1):
+            or arbitrary_group_size(layer.scheme) is not None or tuning.warps_m != 1
+            or tuning.block_k < fields["block_k"]
+            or tuning.block_k // tuning.warps_k != fields["block_k"] // fields["warps_k"]):
         return tuning
     small = attrs.evolve(tuning, **fields)
     deepest = min(small.stages, slice_stages(layer, small.block_k, 1))
     # the deepest ring up to the table's that the CTAs' shared memory holds (group scales take a share), at least 3
+    # (2 where K has only 2 k tiles: slice_stages)
     fitting = [s for s in range(min(3, deepest), deepest + 1)
                if _tuning_fits(layer, target, attrs.evolve(small, stages=s))]
     return attrs.evolve(small, stages=fitting[-1]) if fitting else tuning
