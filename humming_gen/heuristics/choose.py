@@ -152,8 +152,8 @@ def moe_standard_plans(standard: list[TuningPlan], layers: list[LayerConfig], ta
     """Each GEMM's standard-pipeline plan (`standard`, the dense heuristics' buckets read as rows per expert) for an
     MoE layer: no split-K in its buckets (from a row per expert on, the experts' m blocks fill the SMs), and before
     them the split-K bucket of moe_split_bucket where the layer has one (split_k None); buckets of small m blocks take
-    moe_small_tile's CTAs. split_k=1: no split bucket;
-    n > 1: every bucket split n ways (at most each GEMM's k tiles; for tests and measurements)."""
+    moe_small_tile's CTAs. split_k=1: no split bucket; n > 1: every bucket split n ways (at most each GEMM's k tiles;
+    for tests and measurements)."""
     if split_k is not None and (not isinstance(split_k, int) or isinstance(split_k, bool)
                                 or not 1 <= split_k <= MAX_SPLIT_K):
         raise ValueError(f"split_k={split_k!r}; allowed: None (the heuristic's split-K bucket), 1 (no split-K) or "

@@ -32,7 +32,7 @@ MOST_ROWS = max(MOE_SMALL_TILES)
 
 def _small(t) -> bool:
     """Whether t is the small-tile tuning of its m block."""
-    fields = next((f for rows, f in MOE_SMALL_TILES.items() if t.block_m <= rows), None)
+    fields = next((f for rows, f in sorted(MOE_SMALL_TILES.items()) if t.block_m <= rows), None)
     return fields is not None and all(getattr(t, name) == value for name, value in fields.items() if name != "stages")
 
 

@@ -1,8 +1,8 @@
 """Tunings of the standard pipeline per M bucket.
 
 All buckets of a layer share the weight layout (block_n, warps_n and the warp's k slice), so one packed copy
-of the weights serves every M; the buckets differ in block_m, warps_m, warps_k (hence block_k), stages and
-split-K. Figures come from the target (SM count, shared memory), not from tests on `sm >= 90`.
+of the weights serves every M; the buckets differ in block_m, warps_m, warps_k (hence block_k), stages, CTAs per SM
+and split-K. Figures come from the target (SM count, shared memory), not from tests on `sm >= 90`.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> 
     """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILES says for its m block, where the
     rule above takes it, the bucket's warps already take the table's k slice (the layout's: one packed weight) and
     its CTAs fit an SM with rings of at least 3 stages (or of every k tile, where K holds fewer)."""
-    fields = next((f for rows, f in MOE_SMALL_TILES.items() if tuning.block_m <= rows), None)
+    fields = next((f for rows, f in sorted(MOE_SMALL_TILES.items()) if tuning.block_m <= rows), None)
     if (fields is None or tuning.split_k != 1 or layer.scheme.weight.bits != 4
             or arbitrary_group_size(layer.scheme) is not None or tuning.warps_m != 1
             or tuning.block_k < fields["block_k"]
