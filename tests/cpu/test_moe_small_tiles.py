@@ -1,7 +1,7 @@
 """The standard pipeline's small-tile MoE buckets (pipelines.standard.heuristics.moe_small_tile): which buckets take
-three or four CTAs per SM, that the split-K bucket and other weight widths keep their tunings, that indexed and grouped GEMMs
-agree, that no bucket leaves the layout's warp k slice, and that the kernels compile without spills under the 3- and
-4-CTA register caps."""
+three or four CTAs per SM, that the split-K bucket and other weight widths keep their tunings, that indexed and
+grouped GEMMs agree, that no bucket leaves the layout's warp k slice, and that the kernels compile without spills
+under the 3- and 4-CTA register caps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from humming_gen.codegen import compose
 from humming_gen.heuristics import choose_tunings, grouped_moe_tuning, moe_tunings
 from humming_gen.heuristics.choose import moe_standard_plans
 from humming_gen.kernel import build_many
-from humming_gen.pipelines.standard.heuristics import MOE_SMALL_TILES
+from humming_gen.pipelines.standard.heuristics import MOE_SMALL_TILES, moe_small_tile_fields
 from humming_gen.targets import get_target
 
 SM90 = get_target("sm_90a")
@@ -32,7 +32,7 @@ MOST_ROWS = max(MOE_SMALL_TILES)
 
 def _small(t) -> bool:
     """Whether t is the small-tile tuning of its m block."""
-    fields = next((f for rows, f in sorted(MOE_SMALL_TILES.items()) if t.block_m <= rows), None)
+    fields = moe_small_tile_fields(t.block_m)
     return fields is not None and all(getattr(t, name) == value for name, value in fields.items() if name != "stages")
 
 

@@ -179,11 +179,16 @@ MOE_SMALL_TILES = {8: dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),  # 
                    16: dict(block_k=128, warps_k=2, ctas_per_sm=3, stages=6)}
 
 
+def moe_small_tile_fields(block_m: int) -> dict | None:
+    """MOE_SMALL_TILES' TuningConfig fields for m blocks of `block_m` rows, None past its largest."""
+    return next((f for rows, f in sorted(MOE_SMALL_TILES.items()) if block_m <= rows), None)
+
+
 def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
     """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILES says for its m block, where the
     rule above takes it, the bucket's warps already take the table's k slice (the layout's: one packed weight) and
     its CTAs fit an SM with rings of at least 3 stages (or of every k tile, where K holds fewer)."""
-    fields = next((f for rows, f in sorted(MOE_SMALL_TILES.items()) if tuning.block_m <= rows), None)
+    fields = moe_small_tile_fields(tuning.block_m)
     if (fields is None or tuning.split_k != 1 or layer.scheme.weight.bits != 4
             or arbitrary_group_size(layer.scheme) is not None or tuning.warps_m != 1
             or tuning.block_k < fields["block_k"]
