@@ -17,7 +17,7 @@ def rel(y, ref):
 
 
 for scheme, e, top_k, ms in (("w4a16-int4-g128", 8, 2, (5, 300)), ("w4a16-mxfp4", 16, 4, (8, 130)),
-                             ("w8a8-fp8-channel", 8, 2, (40, 300)), ("w8a8-fp8-block128", 8, 2, (300,))):
+                             ("w8a8-fp8-channel", 8, 2, (3, 40, 300)), ("w8a8-fp8-block128", 8, 2, (5, 300))):
     s = hg.scheme(scheme)
     q13 = s.quantize(torch.randn(e, 256, 256, device="cuda") * 0.05)
     q2 = s.quantize(torch.randn(e, 256, 128, device="cuda") * 0.05)

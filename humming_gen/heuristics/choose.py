@@ -109,11 +109,26 @@ def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | Non
 WS_MOE_FROM_ROWS = 32
 
 
+def ws_moe_from_rows(layers: list[LayerConfig]) -> int:
+    """The rows per expert from which the warp-specialized pipeline takes an MoE layer's buckets (where it serves
+    every GEMM): all of them for 8-bit weights with 8-bit activations, whose stages it bulk-copies (the standard
+    pipeline's cp.async rings of 8-bit weights fit one CTA of 4 stages per SM at block_k 256); else
+    WS_MOE_FROM_ROWS. H200, indexed GEMMs, graph us at M = 1 / 16 / 128 (bench/moe_bench.py --pipeline,
+    2026-12-02), standard -> warp-specialized: DeepSeek-V3 per rank (E = 256, top-8) fp8 block128 gate-up 18.2 /
+    105.8 / 271.7 -> 16.5 / 84.1 / 214.2, down 11.2 / 66.1 / 173.4 -> 9.8 / 49.8 / 129.4; Qwen3-30B-A3B (E = 128,
+    top-8) down fp8 channel 12.2 / 69.3 / 136.1 -> 9.6 / 39.6 / 66.1, int8 channel 12.9 / 68.8 / 133.8 -> 10.0 /
+    40.8 / 66.1, fp8 block128 9.1 / 64.4 / 123.7 -> 8.3 / 37.2 / 62.7 (gate-up 11-35 % faster). 4-bit weights
+    stay standard below WS_MOE_FROM_ROWS (DeepSeek W4A16 int4 gate-up 11.8 / 52.1 / 124.4 -> 43.7 / 86.7 / 168.4)."""
+    if all(layer.scheme.weight.bits == 8 and layer.scheme.activation is not None for layer in layers):
+        return 0
+    return WS_MOE_FROM_ROWS
+
+
 def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes: list[ComputeConfig],
                 target: Target | str, *, pipeline: str | None = None, split_k: int | None = None) -> list[TuningPlan]:
     """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
     `standard` (each GEMM's standard-pipeline plan, as moe_standard_plans makes it: the split-K bucket first) in the
-    buckets below WS_MOE_FROM_ROWS and the warp-specialized MoE buckets (pipelines.warp_specialized.heuristics.
+    buckets below ws_moe_from_rows (WS_MOE_FROM_ROWS; none for W8A8) and the warp-specialized MoE buckets (pipelines.warp_specialized.heuristics.
     MOE_BUCKETS) from it on, where that pipeline serves every GEMM (sm_90a; 16-bit activations with group sizes that
     are multiples of 16, or int8 x int8 / fp8 x fp8 8-bit activations); else `standard`. Every GEMM gets the same
     bucket bounds and token tiles from the same pipeline, so one moe_align routing serves them all.
@@ -142,8 +157,9 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     ws = _shared_token_tiles([choose_moe_tunings(layer, target) for layer in layers], layers, target)
     if pipeline == "warp_specialized":
         return ws
-    return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < WS_MOE_FROM_ROWS]
-                             + [(m, t) for m, t in plan.buckets if m is None or m >= WS_MOE_FROM_ROWS]))
+    start = ws_moe_from_rows(layers)
+    return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < start]
+                             + [(m, t) for m, t in plan.buckets if m is None or m >= start]))
             for std, plan in zip(standard, ws)]
 
 
@@ -185,7 +201,7 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
                        rows_per_expert: int, *, pipeline: str | None = None) -> TuningConfig:
     """The tuning of a grouped MoE GEMM (compute.gemm 'grouped_contiguous' or 'grouped_masked') for about
     `rows_per_expert` rows per expert, as moe_tunings chooses an indexed GEMM's bucket: the warp-specialized MoE
-    bucket's tile (its ring beside the schedule's expert prefix) where that bucket ends at WS_MOE_FROM_ROWS or later
+    bucket's tile (its ring beside the schedule's expert prefix) where that bucket ends at ws_moe_from_rows or later
     and the pipeline serves the GEMM, else `standard`'s bucket (the GEMM's standard-pipeline plan) without split-K.
 
     pipeline: None (that choice), "standard" or "warp_specialized" (ValueError naming why it cannot serve)."""
@@ -199,6 +215,6 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
             raise ValueError(f"the warp-specialized pipeline cannot serve this {compute.gemm} GEMM (n={layer.n} "
                              f"k={layer.k}):\n  - " + "\n  - ".join(reasons))
         bound, block_m = next((m, bm) for m, bm in MOE_BUCKETS if m is None or rows <= m)
-        if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= WS_MOE_FROM_ROWS):
+        if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= ws_moe_from_rows([layer])):
             return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
     return moe_small_tile(layer, target, attrs.evolve(standard.for_m(rows), split_k=1))

@@ -191,9 +191,15 @@ def test_quant_moe_fuses_per_bucket_and_checks_the_option() -> None:
         with pytest.raises(ValueError, match="fused_quantization="):
             QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=bad)
     assert not any(QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu").fused_quantization)
-    moe = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=None)
+    # 8-bit weights: every bucket warp-specialized on sm_90a (heuristics.choose.ws_moe_from_rows), none fuses
+    w8 = QuantMoE.from_float(w13, w2, "w8a8-mxfp8", target="sm_90a", device="cpu", fused_quantization=None)
+    assert {g.kernel.plan.tuning.pipeline for g, _ in w8._launchers} == {"warp_specialized"}
+    assert not any(w8.fused_quantization)
+    # W4A8 (per-token scales: I = 64, one tile covers a row): the standard buckets fuse, the warp-specialized ones
+    # keep quantize_activation
+    moe = QuantMoE.from_float(*_weights(64), "w4a8-int4-g128-fp8", target="sm_90a", device="cpu",
+                              fused_quantization=None)
     pipelines = [g.kernel.plan.tuning.pipeline for g, _ in moe._launchers]
-    # the standard buckets fuse, the warp-specialized ones keep quantize_activation
     assert moe.fused_quantization == tuple(p == "standard" for p in pipelines) and "warp_specialized" in pipelines
     for (g1, _), fused in zip(moe._launchers, moe.fused_quantization):
         assert (g1.kernel.plan.compute.epilogue_quantization is not None) == fused

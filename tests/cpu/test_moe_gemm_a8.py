@@ -192,8 +192,9 @@ def test_quant_moe_builds_8_bit_activation_kernels_and_refuses_what_the_target_c
         moe = QuantMoE.from_float(w13, w2, scheme, target="sm_90a", device="cpu")
         assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
         kernels = [k for pair in moe._kernels for k in pair]
-        # mma.sync below 17 rows per expert, warp-specialized wgmma from there on (tests/cpu/test_moe_gemm_a8_ws.py)
-        assert {k.plan.tuning.mma for k in kernels} == {"m16n8k32", "wgmma"}
+        # W4A8: mma.sync below 17 rows per expert, warp-specialized wgmma from there on; W8A8: wgmma in every bucket
+        # (tests/cpu/test_moe_gemm_a8_ws.py)
+        assert {k.plan.tuning.mma for k in kernels} == ({"wgmma"} if scheme.startswith("w8a8") else {"m16n8k32", "wgmma"})
         assert {k.plan.compute.gemm for k in kernels} == {"indexed"}
         assert moe.compute_dtypes == (hg.scheme(scheme).activation.dtype.name,) * 2
     with pytest.raises(ValueError, match="lacks 'mma_fp8'"):

@@ -221,8 +221,16 @@ def _moe_layers(scheme: str) -> tuple[list[LayerConfig], list[ComputeConfig]]:
     return [_layer(scheme, n=512, k=1024), _layer(scheme, n=1024, k=256)], [ComputeConfig(gemm="indexed"), WEIGHTED]
 
 
+def _w8a8(scheme: str) -> bool:
+    """8-bit weights with 8-bit activations: every MoE bucket warp-specialized on sm_90a (heuristics.choose.
+    ws_moe_from_rows)."""
+    return hg.scheme(scheme).weight.bits == 8
+
+
 @pytest.mark.parametrize("scheme", SCHEMES[:4])
 def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on_sm_90a(scheme: str) -> None:
+    """W4A8: the standard pipeline's split-K and small buckets below 17 rows per expert, then warp-specialized; W8A8:
+    every bucket warp-specialized."""
     layers, computes = _moe_layers(scheme)
     for target in ("sm_90a", "sm_89"):
         standard = [choose_tunings(layer, target, pipeline="standard") for layer in layers]
@@ -235,16 +243,19 @@ def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on
             with pytest.raises(ValueError, match="cannot serve these MoE GEMMs"):
                 moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
             continue
+        forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
+        assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
+        assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128]
+        assert all(t.split_k == 1 and t.raster == "n_major" for plan in forced for _, t in plan.buckets)
+        if _w8a8(scheme):
+            assert plans == forced
+            continue
         # first the standard pipeline's split-K bucket below one row per expert (tests/cpu/test_moe_split_k.py)
         assert plans[0].buckets[0] == own[0].buckets[0] and plans[0].buckets[0][0] <= 1
         assert [m for m, _ in plans[0].buckets[1:]] == [8, 16, 64, None]
         assert [t.pipeline for _, t in plans[0].buckets] == ["standard"] * 3 + ["warp_specialized"] * 2
         assert [bm for _, bm in tiles[0][1:]] == [standard[0].for_m(8).block_m, standard[0].for_m(16).block_m, 64,
                                                   128]
-        forced = moe_tunings(standard, layers, computes, target, pipeline="warp_specialized")
-        assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
-        assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128]
-        assert all(t.split_k == 1 and t.raster == "n_major" for plan in forced for _, t in plan.buckets)
     mx = moe_tunings(standard, *_moe_layers("w8a8-mxfp8"), SM90, pipeline="warp_specialized")
     assert [t.block_m for _, t in mx[0].buckets] == [8, 16, 32, 32]  # promoted every 32 k: 64 tokens spill
 
@@ -261,7 +272,8 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     assert moe.fused_activation is fused
     assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
     kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
-    assert kinds == [("standard", "standard")] * 2 + [("warp_specialized", "warp_specialized")] * 2
+    own = 0 if _w8a8(scheme) else 2  # buckets on the standard pipeline
+    assert kinds == [("standard", "standard")] * own + [("warp_specialized", "warp_specialized")] * (4 - own)
     assert moe.block_m(16, 8) == 16 and moe.block_m(17, 8) == 64 and moe.block_m(4096, 8) == 128  # rows per expert
     assert all(g1.kernel.plan.compute.epilogue_activation == ("swiglu_oai" if fused else None)
                for g1, _ in moe._launchers)

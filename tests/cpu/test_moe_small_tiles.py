@@ -107,3 +107,13 @@ def test_small_tile_kernels_compile_without_spills(scheme: str, activation: str,
         r = kernel.compiled.resources
         cap = 65536 // (plan.tuning.ctas_per_sm * plan.threads)
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0 and r["registers"] <= cap, (kernel.name, r)
+
+
+def test_short_k_rings_hold_every_k_tile_in_flight() -> None:
+    """A ring one stage deeper than the k tiles a CTA walks, so the prologue fetches them all (slice_stages): the
+    DeepSeek-V3 down GEMM (K = 256, block_k 128: two k tiles) in 8-row m blocks runs 3 stages, the gate-up GEMM
+    (K = 7168) the table's 4."""
+    layers = _layers("w4a16-int4-g128", shapes=((512, 7168), (7168, 256)), experts=256)
+    gate_up, down = (dict(plan.buckets)[8] for plan in moe_standard_plans(_standard(layers), layers, SM90, split_k=1))
+    assert (down.block_k, down.ctas_per_sm, down.stages) == (128, 4, 3), down
+    assert (gate_up.block_k, gate_up.ctas_per_sm, gate_up.stages) == (128, 4, 4), gate_up

@@ -245,21 +245,26 @@ def test_heuristic_splits_the_buckets_that_leave_most_sms_idle() -> None:
 def test_split_bucket_runs_two_ctas_and_no_ring_deeper_than_its_k_tiles(scheme: str) -> None:
     """The split bucket's GEMMs run two CTAs of 3 stages per SM (8-bit codes' dense single CTA included: DeepSeek
     fp8 block128 gate-up at M = 1 measured 22.0 us with it, 17.2 with two), split for 2 x 132 slots; no standard
-    bucket's ring is deeper than the k tiles a CTA walks (the down GEMM's one k tile: 2 stages, 14.0 -> 10.4 us)."""
+    bucket's ring is deeper than one more than the k tiles a CTA walks (the down GEMM's one k tile: 2 stages, 14.0
+    -> 10.4 us). pipeline="standard": W8A8 layers take the warp-specialized pipeline in every bucket by default."""
     tgt = get_target("sm_90a")
     layers = [LayerConfig(scheme=scheme, num_experts=256, **shape) for shape in (GATE_UP, DOWN)]
     computes = [GATED, WEIGHTED]
     standard = [choose_tunings(layer, tgt, pipeline="standard") for layer in layers]
-    plans = moe_tunings(standard, layers, computes, tgt)
+    plans = moe_tunings(standard, layers, computes, tgt, pipeline="standard")
+
+    def k_tiles(layer: LayerConfig, t) -> int:  # of one k slice
+        return -(-(-(-layer.k // t.block_k)) // t.split_k)
+
     gate_up, down = plans[0].buckets[0][1], plans[1].buckets[0][1]
     assert (gate_up.split_k, gate_up.ctas_per_sm, gate_up.stages) == (4, 2, 3), gate_up
     assert (down.split_k, down.ctas_per_sm, down.stages) == (1, 2, 2), down
     for plan, layer in zip(plans, layers):
         for _, t in plan.buckets:
             if t.pipeline == "standard":
-                assert t.stages <= max(2, -(-layer.k // t.block_k) // t.split_k), t
+                assert t.stages <= k_tiles(layer, t) + 1, t
     for plan, layer in zip(standard, layers):  # the dense plans too
-        assert all(t.stages <= max(2, -(-layer.k // t.block_k)) for _, t in plan.buckets), plan
+        assert all(t.stages <= k_tiles(layer, attrs.evolve(t, split_k=1)) + 1 for _, t in plan.buckets), plan
 
 
 def test_compose_refuses_split_k_where_moe_kernels_cannot_split() -> None:

@@ -202,7 +202,7 @@ def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a8_indexed_gemms_write_exactly_the_routed_rows(preset: str) -> None:
-    """check_routed_gemms on the default buckets (the standard pipeline's below 17 rows per expert)."""
+    """check_routed_gemms on every bucket of the standard pipeline (pipeline="standard")."""
     moe, q13, q2, b13, b2 = _layer(preset, 19, seed=7, biases=True, fused=False)
     check_routed_gemms(moe, q13, q2, b13, b2, M_VALUES, _routing, preset)
 

@@ -3,8 +3,8 @@ against the float64 references, for w8a8-fp8-channel, w8a8-fp8-block128 (DeepSee
 128 weight blocks), w4a8-mxfp4-fp8, w8a8-int8-channel, w8a8-fp8-tensor (one dynamic per-tensor activation scale
 per GEMM input; static ones: test_quant_moe_a8.py) and w8a8-mxfp8 (e8m0 scales per 1 x 32 group, token tiles of
 at most 32): every bucket forced onto the pipeline
-(pipeline="warp_specialized", token tiles 8 .. 128), and the default choice (the standard pipeline below 17 rows per
-expert, this one from there on).
+(pipeline="warp_specialized", token tiles 8 .. 128), and the default choice (W4A8: the standard pipeline below 17 rows
+per expert, this one from there on; W8A8: this one in every bucket, heuristics.choose.ws_moe_from_rows).
 
 Routing is ragged (softmax top-k with -1 slots), some experts get no token, an expert_map sends half the global
 experts to another rank (-1). Every output the test owns is poisoned (NaN) before launch. Tolerances and
@@ -47,13 +47,19 @@ SMALL_M_LAYER_TOLERANCE = 3e-2
 PER_TENSOR_LAYER_TOLERANCE = 4e-2
 
 
+def _w8a8(preset: str) -> bool:
+    """8-bit weights: by default every bucket warp-specialized (heuristics.choose.ws_moe_from_rows)."""
+    return hg.scheme(preset).weight.bits == 8
+
+
 def _layer(preset: str, e: int, *, seed: int, pipeline: str | None, **kwargs):
     """build_layer (test_quant_moe_a8.py) with the pipelines it asserts: `pipeline` on every bucket, or by default
-    the standard pipeline's two smallest buckets, then the warp-specialized ones."""
+    W8A8's warp-specialized buckets, W4A8's standard pipeline in its two smallest buckets, then the
+    warp-specialized ones."""
     moe, q13, q2, b13, b2 = build_layer(preset, e, seed=seed, pipeline=pipeline, **kwargs)
     pipelines = [g.kernel.plan.pipeline for pair in moe._launchers for g in pair]
-    if pipeline is not None:  # forced onto every bucket
-        assert set(pipelines) == {pipeline}, preset
+    if pipeline is not None or _w8a8(preset):  # forced onto every bucket, or W8A8's default
+        assert set(pipelines) == {pipeline or "warp_specialized"}, preset
     else:  # a split-K first bucket where the heuristic splits (standard), the standard pipeline's two smallest
         # unsplit buckets, then the warp-specialized ones
         split = [any(k > 1 for k in pair) for pair in moe.split_ks]
@@ -125,7 +131,7 @@ def test_quant_moe_a8_ws_matches_reference(preset: str, e: int, pipeline: str | 
     if preset == "w8a8-fp8-tensor":
         tolerance = small_m_tolerance = PER_TENSOR_LAYER_TOLERANCE
     errors, seen = layer_errors(moe, q13, q2, b13, b2)
-    if pipeline is None:  # the batches span both pipelines' buckets
+    if pipeline is None and not _w8a8(preset):  # the batches span both pipelines' buckets
         assert seen == {("standard", "standard"), ("warp_specialized", "warp_specialized")}, seen
     bad = {k: err for k, err in errors.items()
            if not err < (small_m_tolerance if k[0] < SMALL_M else tolerance)}

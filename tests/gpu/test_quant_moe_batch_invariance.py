@@ -24,6 +24,7 @@ import humming_gen as hg
 from humming_gen.reference.moe import reference_fused_moe
 from test_quant_moe import _rel, _routing
 from test_quant_moe_a8 import LAYER_TOLERANCE, static_scales
+from test_quant_moe_a8_ws import SMALL_M_LAYER_TOLERANCE
 
 pytestmark = pytest.mark.gpu
 
@@ -49,6 +50,18 @@ def _layer(preset: str, pipeline: str | None, seed: int):
     assert all(a is None or a.granularity != "tensor" or s is not None
                for a, s in zip(moe.activation_schemes, moe._static_scales)), "a dynamic per-tensor scale"
     return moe, q13, q2
+
+
+def _tolerance(moe, bucket: int, m: int) -> float:
+    """The float64 reference's bound for a batch of m tokens in `bucket`. Warp-specialized 8-bit buckets below 128
+    tokens take test_quant_moe_a8_ws.py's small-M bound: wgmma's fp8 sums move a few more of GEMM2's input codes by
+    one e4m3 step than mma.sync's, and on few tokens those weigh more (W8A8 fp8 static per-tensor, M = 32, top-8,
+    16-token tiles: 0.0184 on the H200, 2026-12-02)."""
+    act = moe.activation_schemes[0]
+    if act is None:
+        return TOLERANCE
+    ws = moe._launchers[bucket][0].kernel.plan.pipeline == "warp_specialized"
+    return SMALL_M_LAYER_TOLERANCE if ws and m < 128 else LAYER_TOLERANCE[act.dtype.name]
 
 
 def _run(moe, x, weights, ids) -> torch.Tensor:
@@ -79,7 +92,6 @@ def test_rows_are_bitwise_equal_within_a_bucket(preset: str, pipeline: str | Non
     order matters). Routing with dropped slots; outputs poisoned."""
     moe, q13, q2 = _layer(preset, pipeline, seed=23)
     act = moe.activation_schemes[0]
-    tolerance = TOLERANCE if act is None else LAYER_TOLERANCE[act.dtype.name]
     ms = bucket_sizes(moe, top_k)
     assert sorted(ms) == list(range(len(moe.buckets))), (moe.buckets, ms)
     for bucket, sizes in sorted(ms.items()):
@@ -93,7 +105,7 @@ def test_rows_are_bitwise_equal_within_a_bucket(preset: str, pipeline: str | Non
                                   ids, activation_scheme=act, intermediate_dtype=moe.dtype,
                                   fused_activation=moe.fused_activation, activation_static_scales=moe._static_scales)
         err = _rel(full, ref)
-        assert err < tolerance, f"{what}: relative error {err:.3g}"
+        assert err < _tolerance(moe, bucket, big), f"{what}: relative error {err:.3g}"
         for size in sorted({small, (small + big) // 2} - {big}):  # the bucket's smallest M, and one between
             pick = torch.randperm(big, device="cuda")[:size]  # a random subset of the batch, shuffled
             assert moe.bucket_for(size, top_k) == bucket

@@ -8,8 +8,9 @@ w4a8-int4-g128-fp8) and a static per-tensor fp8 scale (w8a8-fp8-tensor with q2.i
   poisoned with different bytes, so every routed byte is shown written (dropped slots' rows are not read).
 - The whole layer: fused_moe into a NaN-poisoned output is bitwise the unfused layer's (fused_quantization=False)
   and within the 8-bit layer tolerance of the float64 reference (tests/gpu/test_quant_moe_a8.py's).
-Both pipelines: pipeline="standard" (every bucket fused) and the default (sm_90a: warp-specialized buckets from 17
-rows per expert on, which keep quantize_activation: the per-bucket mix).
+Both pipelines: pipeline="standard" (every bucket fused) and the default (sm_90a: warp-specialized buckets, which
+keep quantize_activation, from 17 rows per expert on; for 8-bit weights every bucket, so those layers fuse nothing by
+default and the GEMM1 test takes only their standard case).
 """
 
 from __future__ import annotations
@@ -59,13 +60,17 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32) if t.dtype == torch.float32 else t
 
 
-def _cases():
+def _cases(fusing: bool = False):
+    """(preset, pipeline) pairs; fusing: only those whose default buckets fuse somewhere on sm_90a (8-bit weights run
+    every bucket warp-specialized: heuristics.choose.ws_moe_from_rows)."""
     for preset in SCHEMES:
         for pipeline in PIPELINES:
+            if fusing and pipeline is None and hg.scheme(preset).weight.bits == 8:
+                continue
             yield pytest.param(preset, pipeline, id=f"{preset}-{pipeline or 'default'}")
 
 
-@pytest.mark.parametrize("preset,pipeline", list(_cases()))
+@pytest.mark.parametrize("preset,pipeline", list(_cases(fusing=True)))
 def test_fused_gemm1_writes_quantize_activations_codes(preset: str, pipeline: str | None) -> None:
     fused, unfused, *_ = _layers(preset, pipeline)
     scheme, static = fused.activation_schemes[1], fused._static_scales[1]

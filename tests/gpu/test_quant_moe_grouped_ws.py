@@ -123,8 +123,9 @@ def test_grouped_ws_matches_the_standard_pipeline() -> None:
 
 @pytest.mark.parametrize("preset", ("w4a16-int4-g128", "w8a8-fp8-channel"))
 def test_grouped_masked_expected_m_is_only_a_hint(preset: str) -> None:
-    """expected_m picks the tile of a (E, 512, K) buffer: 4 rows per expert the standard pipeline's 8-row tile, 20
-    the warp-specialized 64-row one, against 128 rows from max_m. Counts far past expected_m (up to max_m and past
+    """expected_m picks the tile of a (E, 512, K) buffer: 4 rows per expert an 8-row tile (the standard pipeline's;
+    W8A8's warp-specialized, heuristics.choose.ws_moe_from_rows), 20 the warp-specialized 64-row one, against 128
+    rows from max_m. Counts far past expected_m (up to max_m and past
     it, clamped) must still be computed in full, and every tile must agree with the float64 reference; rows past
     each count stay NaN."""
     e, max_m = 8, 512
@@ -133,7 +134,8 @@ def test_grouped_masked_expected_m_is_only_a_hint(preset: str) -> None:
     counts = torch.tensor([0, 1, 3, 9, 40, 200, max_m, max_m + 9], dtype=torch.int32)
     a = torch.randn(e, max_m, H, device="cuda").bfloat16()
     aq = _reference_rows(moe, 0, a.reshape(-1, H)).reshape(e, max_m, H)
-    for expected_m, tile in ((4, ("standard", 8)), (20, ("warp_specialized", 64)), (None, ("warp_specialized", 128))):
+    small = "warp_specialized" if hg.scheme(preset).weight.bits == 8 else "standard"
+    for expected_m, tile in ((4, (small, 8)), (20, ("warp_specialized", 64)), (None, ("warp_specialized", 128))):
         launcher = moe.grouped_launcher("w13", "grouped_masked", max_m if expected_m is None else expected_m)
         assert (launcher.kernel.plan.pipeline, launcher.kernel.plan.tuning.block_m) == tile
         out = torch.full((e, max_m, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda")

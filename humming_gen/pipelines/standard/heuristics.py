@@ -45,11 +45,14 @@ def _tuning_fits(layer: LayerConfig, target: Target, tuning: TuningConfig) -> bo
 
 
 def slice_stages(layer: LayerConfig, block_k: int, split_k: int) -> int:
-    """The most stages worth a ring: the k tiles one k slice walks (at least 2). Deeper rings only take shared
-    memory, which keeps other CTAs off the SM. H200, DeepSeek down GEMM (K = 256: one k tile) at M = 1
-    (bench/moe_split_probe.py): W4A16 2 CTAs of 3 stages 8.0 us, of 2 stages 6.4; fp8 block128 1 CTA of 4 stages
-    14.0, of 2 stages 10.4; fp8 channel 20.4 and 13.6."""
-    return max(2, math.ceil(math.ceil(layer.k / block_k) / split_k))
+    """The most stages worth a ring: one more than the k tiles one k slice walks, so the prologue puts every k tile
+    in flight at once (the main loop refills a stage only after waiting for the oldest: a ring of exactly the k
+    tiles fetches the last one a whole memory latency late). Deeper rings only take shared memory, which keeps other
+    CTAs off the SM. H200, DeepSeek down GEMM (K = 256), graph us: one k tile (block_k 256) at M = 1
+    (bench/moe_split_probe.py): W4A16 2 CTAs of 3 stages 8.0, of 2 stages 6.4; fp8 block128 1 CTA of 4 stages 14.0,
+    of 2 stages 10.4; fp8 channel 20.4 and 13.6. Two k tiles (block_k 128, 4 CTAs; bench/moe_small_tiles.py,
+    2026-12-02), W4A16 int4 g128 at M = 16 / 128: 2 stages 42.6 / 110.8, 4 stages 36.6 / 95.8."""
+    return math.ceil(math.ceil(layer.k / block_k) / split_k) + 1
 
 
 def _split_k(layer: LayerConfig, target: Target, tiles: int, block_k: int, ctas_per_sm: int) -> int:
@@ -197,7 +200,7 @@ def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> 
     small = attrs.evolve(tuning, **fields)
     deepest = min(small.stages, slice_stages(layer, small.block_k, 1))
     # the deepest ring up to the table's that the CTAs' shared memory holds (group scales take a share), at least 3
-    # (2 where K has only 2 k tiles: slice_stages)
+    # (fewer where K has fewer k tiles: slice_stages)
     fitting = [s for s in range(min(3, deepest), deepest + 1)
                if _tuning_fits(layer, target, attrs.evolve(small, stages=s))]
     return attrs.evolve(small, stages=fitting[-1]) if fitting else tuning
