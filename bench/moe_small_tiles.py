@@ -26,14 +26,15 @@ from moe_bench import quantize_experts
 MODELS = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "deepseek": (256, 8, 7168, 256)}  # experts, top-k, hidden, intermediate
 LAYERS = 2
 # TuningConfig fields over the bucket's own (which keeps block_n 128, warps_n 2 and a warp's 64-k slice); f16_mma:
-# compose_a8.FP8_ON_F16_MMA (fp8 only; False: ptxas's own lowering of the fp8 mma.sync)
+# compose_a8.FP8_ON_F16_MMA (fp8 only; False: ptxas's own lowering of the fp8 mma.sync); stage_scales:
+# compose_a8.STAGE_WEIGHT_SCALES (8-bit activations with weight group scales: staged through shared memory)
 VARIANTS = [dict(),
             dict(block_k=256, warps_k=4, ctas_per_sm=2, stages=3),  # the dense M <= 8 bucket (before moe_small_tile)
             dict(block_k=128, warps_k=2, ctas_per_sm=4, stages=4),  # moe_small_tile's
             dict(block_k=128, warps_k=2, ctas_per_sm=3, stages=6),
             dict(block_k=128, warps_k=2, ctas_per_sm=2, stages=8),
             dict(block_k=64, warps_k=1, ctas_per_sm=4, stages=8),
-            dict(f16_mma=False)]
+            dict(f16_mma=False), dict(stage_scales=True)]
 
 
 def compose_is_fp8(layer) -> bool:
@@ -70,8 +71,12 @@ def main() -> None:
                     for v in VARIANTS:
                         if "f16_mma" in v and not compose_is_fp8(own.layer):
                             continue
+                        if "stage_scales" in v and (own.layer.scheme.activation is None
+                                                    or standard_a8.weight_group_k(own.layer) is None):
+                            continue
                         standard_a8.FP8_ON_F16_MMA = v.get("f16_mma", True)
-                        fields = {f: val for f, val in v.items() if f != "f16_mma"}
+                        standard_a8.STAGE_WEIGHT_SCALES = v.get("stage_scales", False)
+                        fields = {f: val for f, val in v.items() if f not in ("f16_mma", "stage_scales")}
                         try:
                             plans.append(compose(own.layer, own.compute, attrs.evolve(own.tuning, **fields),
                                                  own.target))
@@ -80,6 +85,7 @@ def main() -> None:
                             print(f"{model} {fmt} {weight} {v}: {' '.join(str(err).split())[:140]}")
                         finally:
                             standard_a8.FP8_ON_F16_MMA = True
+                            standard_a8.STAGE_WEIGHT_SCALES = False
                     kernels = build_many(plans)
                     routing = moe_align(ids, e, own.tuning.block_m)
                     n = 2 * i if weight == "w13" else h

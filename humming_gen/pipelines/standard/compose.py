@@ -83,10 +83,11 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
     t = tuning
     warp_m, warp_n = t.block_m // t.warps_m, t.block_n // t.warps_n
     acc_floats = (warp_n // 16) * (warp_m // 8) * 4 * 32
-    if layer.scheme.activation is not None:  # 8-bit codes; group scales are read from global memory
+    if layer.scheme.activation is not None:  # 8-bit codes; group scales from global memory, or staged weight ones
+        rows = compose_a8.weight_scale_rows(layer, t.block_k)
         return SmemPlan(a=_align(t.block_m * t.block_k), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
-                        group=0, tensors=0, rows=0, stages=t.stages,
-                        reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+                        group=compose_a8.weight_scale_stage_bytes(layer, t), tensors=1 if rows else 0,
+                        rows=rows or 0, stages=t.stages, reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
     group = group_plan(layer, t.block_k)
     return SmemPlan(a=_align(t.block_m * t.block_k * 2), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
                     group=_align(group.rows_per_stage * t.block_n * 2) if group else 0,

@@ -45,7 +45,7 @@ from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, LDA,
 from humming_gen.pipelines.common import (K_ALIGN, constants_table, has_out_scale, kernel_name, missing_features,
                                           missing_symbols, padded_k, routing_args, split_k_constants, split_k_reasons,
                                           top_k_args)
-from humming_gen.pipelines.standard.loaders import ATile8CpAsync, ATile8Quantize, BTileCpAsync
+from humming_gen.pipelines.standard.loaders import ATile8CpAsync, ATile8Quantize, BTileCpAsync, WeightScalesCpAsync
 from humming_gen.pipelines.standard.moe import MOE_GEMMS, expert_tensors, moe_name_suffix, moe_schedule
 from humming_gen.pipelines.standard.skeleton import StandardA8Pipeline, WarpKReduce
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutS4
@@ -62,6 +62,13 @@ MMA = "m16n8k32"  # TuningConfig.mma of these kernels
 # down 87.8 / 198.3 -> 87.6 / 196.2; dense 8192^2 at M = 1 (standard buckets, bench/a8_small_sweep.py) fp8 channel
 # 26.9 -> 26.7, block128 27.6 -> 27.1, W4A8 23.2 -> 23.0. False renders ptxas's own lowering (for measurements).
 FP8_ON_F16_MMA = True
+# The weight group scales come with each stage through shared memory (WeightScalesCpAsync: kWScaleRows fp32 rows of
+# the CTA's columns beside the weight tile) instead of from global memory at every promotion (GroupScalesGlobal).
+# The SASS of a W4A8 MXFP4 MoE small tile on sm_90a (8 x 128 x 128, 2 k warps) holds 16 LDG.E.CONSTANT in its hot
+# loop: each 32-k promotion waits for an L2 round trip, where the 16-bit kernels read their group scales from the
+# stage. Opt-in until timed on a GPU (bench/moe_small_tiles.py variant stage_scales; GPU test
+# tests/gpu/test_quant_moe_a8.py::test_staged_weight_scales_match_reference); kernel names end in `_wss`.
+STAGE_WEIGHT_SCALES = False
 MMA_S4 = "m16n8k64"  # ... and of those with int4 activations
 
 
@@ -92,6 +99,22 @@ def weight_group_k(layer: LayerConfig) -> int | None:
     """K extent of one weight scale group (block scales: the block's k side), None for channel / tensor scales."""
     s = layer.scheme
     return s.group_size if s.granularity == "group" else s.block_size[1] if s.granularity == "block" else None
+
+
+def weight_scale_rows(layer: LayerConfig, block_k: int) -> int | None:
+    """The weight group rows one stage holds where the kernels stage them (STAGE_WEIGHT_SCALES; group k sides that
+    divide block_k or are multiples of it, so a stage's rows start at k tile x block_k / group k; not int4 x int4),
+    else None."""
+    g = weight_group_k(layer)
+    if not STAGE_WEIGHT_SCALES or g is None or s4_native(layer) or (block_k % g and g % block_k):
+        return None
+    return max(1, block_k // g)
+
+
+def weight_scale_stage_bytes(layer: LayerConfig, tuning: TuningConfig) -> int:
+    """Shared-memory bytes of a stage's weight group scales (128-byte aligned; 0 where they are not staged)."""
+    rows = weight_scale_rows(layer, tuning.block_k)
+    return (rows * tuning.block_n * 4 + 127) // 128 * 128 if rows else 0
 
 
 def activation_group_k(layer: LayerConfig) -> int | None:
@@ -396,6 +419,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     n_pad = math.ceil(layer.n / t.block_n) * t.block_n
     k_pad = padded_k(kl)
     wgroups, agroups = weight_group_k(layer) is not None, activation_group_k(layer) is not None
+    staged_rows = weight_scale_rows(layer, t.block_k)  # weight group scales through the stages
     moe = compute.gemm in MOE_GEMMS
     gather = compute.gemm == "indexed"  # rows (and their activation scales) through the routing
 
@@ -413,9 +437,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     memory: list[Component] = [a_tile,
                                BTileShared8() if order is None else BTilePairShared4(),
                                BTileCpAsync(bits=b_layout.bits, tile_bytes=b_layout.stage_bytes(t.warps_k))]
-    if wgroups or agroups:
-        memory.append(GroupScalesGlobal(weight_groups=wgroups, activation_groups=agroups, gather=gather and agroups,
-                                        activation_e8m0=activation_e8m0(layer)))
+    if (wgroups and not staged_rows) or agroups:
+        memory.append(GroupScalesGlobal(weight_groups=wgroups and not staged_rows, activation_groups=agroups,
+                                        gather=gather and agroups, activation_e8m0=activation_e8m0(layer)))
+    if staged_rows:
+        memory.append(WeightScalesCpAsync())
     f16_mma = fp8_on_f16(layer, target)
     mma: list[Component] = [MmaSyncM16N8K64S4() if s4 else
                             MmaSyncM16N8K32ViaF16(weight=weight_operand(layer), activation=a.dtype.name) if f16_mma
@@ -442,13 +468,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     experts = expert_tensors(args(layer, False), per_expert) if moe else ()
     pdl = target.has("pdl")
     name = kernel_name(layer, t, target, suffix=f"_q{activation_name(layer)}" + ("_f16mma" if f16_mma else "")
-                       + moe_name_suffix(compute) + ("_xq" if quantize_a else ""))
+                       + moe_name_suffix(compute) + ("_xq" if quantize_a else "") + ("_wss" if staged_rows else ""))
     pipeline = StandardA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                   integer=not a.dtype.is_float, weight_groups=wgroups, activation_groups=agroups,
                                   warp_k_reduce=t.warps_k > 1, split_k=t.split_k > 1, min_blocks=t.ctas_per_sm,
                                   pdl=pdl, nibbles=order is not None, expert_tensors=experts,
                                   grouped=moe and not gather, s4=s4, quantize_a=quantize_a,
-                                  static_a_scale=static, f16_mma=f16_mma)
+                                  static_a_scale=static, f16_mma=f16_mma, staged_weight_scales=bool(staged_rows))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     # (a_load='quantize': CvtScalar's to_float reads x too)
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias or quantize_a,
@@ -473,6 +499,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if wgroups:
         constants.append(("kWeightGroupK", weight_group_k(kl), "k bytes per weight scale group" if s4 else
                           "k elements per weight scale group"))
+    if staged_rows:
+        constants += [("kWScaleRows", staged_rows, "weight group rows per stage"),
+                      ("kWScaleOffset", stage_bytes - weight_scale_stage_bytes(layer, t),
+                       "bytes from a stage's start to its weight group scales")]
     if agroups:
         constants += [("kActivationGroupK", activation_group_k(kl), "k bytes per activation scale group" if s4 else
                        "k elements per activation scale group"),

@@ -130,3 +130,17 @@ class ATile8Quantize(_ActivationTile, Component):
         return frozenset({"smem_address", "to_float"}
                          | ({"ldmatrix_x4"} if self.warp_m_tiles >= 2 else set())
                          | ({"ldmatrix_x2"} if self.warp_m_tiles % 2 else set()))
+
+
+@attrs.frozen
+class WeightScalesCpAsync(Component):
+    """fp32 weight group scales (8-bit activations' kernels) copied with each stage, [group][n] as stored, and read
+    back per promotion from shared memory instead of from global memory (compose_a8.STAGE_WEIGHT_SCALES)."""
+
+    template: ClassVar[str] = "pipelines/standard/weight_scales_cp_async.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
+    ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
+    provides: ClassVar[frozenset[str]] = frozenset({"kWScaleRowChunks", "kWScaleChunks", "load_weight_scale_stage",
+                                                    "load_staged_weight_group_scales"})
+    needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16", "smem_address"})

@@ -112,6 +112,9 @@ class StandardA8Pipeline(Component):
     static_a_scale: bool = option_field()  # ... with a static per-tensor scale (load_tensor_scale)
     # fp8 on f16 mmas (MmaSyncM16N8K32ViaF16): each k32 step widens the warp's activation fragments once
     f16_mma: bool = option_field()
+    # the weight group scales come with each stage through shared memory (WeightScalesCpAsync), not from global
+    # memory at each promotion (compose_a8.STAGE_WEIGHT_SCALES)
+    staged_weight_scales: bool = option_field()
 
     @property
     def moe(self) -> bool:
@@ -130,7 +133,9 @@ class StandardA8Pipeline(Component):
                    "load_tensor_scale" if self.static_a_scale else "quantize_token_scales"} if self.quantize_a
                   else {"load_a_stage"})
         needs |= {"widen_activation_fragment"} if self.f16_mma else set()
-        needs |= {"load_weight_group_scales"} if self.weight_groups else set()
+        if self.weight_groups:
+            needs |= ({"load_weight_scale_stage", "load_staged_weight_group_scales"} if self.staged_weight_scales
+                      else {"load_weight_group_scales"})
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"reduce_warps_k"} if self.warp_k_reduce else set()
