@@ -1,6 +1,8 @@
 """A small sample for compute-sanitizer of the newer kernels: QuantMoE with ragged routing (-1 ids, empty experts,
 an expert map) across the standard and warp-specialized buckets, 8-bit activations (standard and split-K
-warp-specialized, MXFP8 scales) and 8-bit MoE layers on both pipelines. Prints the worst relative error and the pipelines run."""
+warp-specialized, MXFP8 scales) and 8-bit MoE layers (W8A8: the warp-specialized pipeline in every bucket; W4A8:
+the standard pipeline's 8-bit MoE kernels below 17 rows per expert). Prints the worst relative error and the
+pipelines run."""
 
 import torch
 
@@ -17,7 +19,8 @@ def rel(y, ref):
 
 
 for scheme, e, top_k, ms in (("w4a16-int4-g128", 8, 2, (5, 300)), ("w4a16-mxfp4", 16, 4, (8, 130)),
-                             ("w8a8-fp8-channel", 8, 2, (3, 40, 300)), ("w8a8-fp8-block128", 8, 2, (5, 300))):
+                             ("w8a8-fp8-channel", 8, 2, (3, 40, 300)), ("w8a8-fp8-block128", 8, 2, (5, 300)),
+                             ("w4a8-mxfp4-fp8", 8, 2, (5, 40))):
     s = hg.scheme(scheme)
     q13 = s.quantize(torch.randn(e, 256, 256, device="cuda") * 0.05)
     q2 = s.quantize(torch.randn(e, 256, 128, device="cuda") * 0.05)

@@ -128,10 +128,11 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
                 target: Target | str, *, pipeline: str | None = None, split_k: int | None = None) -> list[TuningPlan]:
     """The TuningPlans of an MoE layer's indexed GEMMs (buckets of expected rows per expert), one per layer:
     `standard` (each GEMM's standard-pipeline plan, as moe_standard_plans makes it: the split-K bucket first) in the
-    buckets below ws_moe_from_rows (WS_MOE_FROM_ROWS; none for W8A8) and the warp-specialized MoE buckets (pipelines.warp_specialized.heuristics.
-    MOE_BUCKETS) from it on, where that pipeline serves every GEMM (sm_90a; 16-bit activations with group sizes that
-    are multiples of 16, or int8 x int8 / fp8 x fp8 8-bit activations); else `standard`. Every GEMM gets the same
-    bucket bounds and token tiles from the same pipeline, so one moe_align routing serves them all.
+    buckets below ws_moe_from_rows (WS_MOE_FROM_ROWS; none for W8A8 unless split_k > 1 asks for split standard
+    buckets) and the warp-specialized MoE buckets (pipelines.warp_specialized.heuristics.MOE_BUCKETS) from it on,
+    where that pipeline serves every GEMM (sm_90a; 16-bit activations with group sizes that are multiples of 16,
+    or int8 x int8 / fp8 x fp8 8-bit activations); else `standard`. Every GEMM gets the same bucket bounds and
+    token tiles from the same pipeline, so one moe_align routing serves them all.
 
     pipeline: None (that choice), "standard" (every bucket from `standard`) or "warp_specialized" (every bucket, none
     split; ValueError naming why where the pipeline cannot serve a GEMM).
@@ -157,7 +158,7 @@ def moe_tunings(standard: list[TuningPlan], layers: list[LayerConfig], computes:
     ws = _shared_token_tiles([choose_moe_tunings(layer, target) for layer in layers], layers, target)
     if pipeline == "warp_specialized":
         return ws
-    start = ws_moe_from_rows(layers)
+    start = WS_MOE_FROM_ROWS if split_k not in (None, 1) else ws_moe_from_rows(layers)
     return [TuningPlan(tuple([(m, t) for m, t in std.buckets if m is not None and m < start]
                              + [(m, t) for m, t in plan.buckets if m is None or m >= start]))
             for std, plan in zip(standard, ws)]
@@ -198,13 +199,16 @@ def _shared_token_tiles(plans: list[TuningPlan], layers: list[LayerConfig], targ
 
 
 def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: ComputeConfig, target: Target | str,
-                       rows_per_expert: int, *, pipeline: str | None = None) -> TuningConfig:
+                       rows_per_expert: int, *, pipeline: str | None = None,
+                       moe_layers: list[LayerConfig] | None = None) -> TuningConfig:
     """The tuning of a grouped MoE GEMM (compute.gemm 'grouped_contiguous' or 'grouped_masked') for about
     `rows_per_expert` rows per expert, as moe_tunings chooses an indexed GEMM's bucket: the warp-specialized MoE
     bucket's tile (its ring beside the schedule's expert prefix) where that bucket ends at ws_moe_from_rows or later
     and the pipeline serves the GEMM, else `standard`'s bucket (the GEMM's standard-pipeline plan) without split-K.
 
-    pipeline: None (that choice), "standard" or "warp_specialized" (ValueError naming why it cannot serve)."""
+    pipeline: None (that choice), "standard" or "warp_specialized" (ValueError naming why it cannot serve).
+    moe_layers: the MoE layer's GEMMs (QuantMoE's), whose schemes set ws_moe_from_rows as for its indexed GEMMs;
+    None: `layer` alone."""
     if pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline={pipeline!r}; allowed: {PIPELINE_CHOICES}")
     target = get_target(target)
@@ -215,6 +219,7 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
             raise ValueError(f"the warp-specialized pipeline cannot serve this {compute.gemm} GEMM (n={layer.n} "
                              f"k={layer.k}):\n  - " + "\n  - ".join(reasons))
         bound, block_m = next((m, bm) for m, bm in MOE_BUCKETS if m is None or rows <= m)
-        if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= ws_moe_from_rows([layer])):
+        start = ws_moe_from_rows(moe_layers or [layer])
+        if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= start):
             return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
     return moe_small_tile(layer, target, attrs.evolve(standard.for_m(rows), split_k=1))

@@ -117,10 +117,10 @@ class QuantMoE(torch.nn.Module):
     Kernels: indexed GEMMs, one pair per bucket of expected rows per expert (M * top_k / E), all compiled at
     construction; no host synchronisation in forward (routing counts stay on the GPU). The standard pipeline serves
     every bucket, except on sm_90a (16-bit or 8-bit activations), where the warp-specialized pipeline takes the
-    buckets from 17 rows per expert on, and every bucket of 8-bit weights with 8-bit activations (W8A8)
-    (humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline=
-    "standard" or "warp_specialized" puts every bucket, and the grouped GEMMs (grouped_launcher), on one pipeline
-    (ValueError where it cannot serve them).
+    buckets from 17 rows per expert on, and every bucket where both GEMMs run 8-bit weights with 8-bit activations
+    (W8A8; humming_gen.heuristics.moe_tunings; both read one packed weight). pipeline="standard" or
+    "warp_specialized" puts every bucket, and the grouped GEMMs (grouped_launcher), on one pipeline (ValueError
+    where it cannot serve them).
     split_k: below one row per expert a small batch's few m blocks leave most SMs idle, so a first bucket (bound
     A_s / E rows per expert, a Fraction) splits K in the standard pipeline's GEMMs (None, the default:
     pipelines.standard.heuristics.moe_split_bucket, where its table is); 1 never splits; n > 1 splits every
@@ -256,7 +256,8 @@ class QuantMoE(torch.nn.Module):
         self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
                                     for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
         # buckets of expected rows per expert: the standard pipeline's, the warp-specialized one's from 17 rows per
-        # expert on (W8A8: all) where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one packed copy)
+        # expert on (W8A8: all) where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one
+        # packed copy)
         self.pipeline = pipeline  # also the grouped GEMMs' (grouped_launcher)
         self._standard_plans = [choose_tunings(layer, self.target, pipeline="standard") for layer in layers]
         plans = moe_tunings(self._standard_plans, layers, computes, self.target, pipeline=pipeline, split_k=split_k)
@@ -556,8 +557,8 @@ class QuantMoE(torch.nn.Module):
         rows whatever the tile; grouped_moe_gemm passes its expected_m, else max_m or R / E); compiled on first use
         (warm up before a CUDA graph capture). It reads the layer's packed weights, on the pipeline an indexed GEMM
         of that many rows per expert takes (humming_gen.heuristics.grouped_moe_tuning: warp-specialized from 17 rows
-        per expert on sm_90a, W8A8 at any count); `pipeline` forces "standard" or "warp_specialized"; without it the layer's own
-        pipeline= applies where that pipeline serves the grouped GEMM."""
+        per expert on sm_90a, a W8A8 layer's at any count); `pipeline` forces "standard" or "warp_specialized";
+        without it the layer's own pipeline= applies where that pipeline serves the grouped GEMM."""
         from humming_gen.codegen import compose
         from humming_gen.heuristics import grouped_moe_tuning
         from humming_gen.kernel import build_many
@@ -576,7 +577,7 @@ class QuantMoE(torch.nn.Module):
             if pipeline == "warp_specialized" and WARP_SPECIALIZED.supports(layer, compute, self.target):
                 pipeline = "standard"  # e.g. group sizes the warp-specialized kernels do not serve
         tuning = grouped_moe_tuning(self._standard_plans[index], layer, compute, self.target, rows_per_expert,
-                                    pipeline=pipeline)
+                                    pipeline=pipeline, moe_layers=self._layer_configs)
         key = (weight, gemm, tuning)
         launcher = self._grouped.get(key)
         if launcher is None:

@@ -259,8 +259,8 @@ def grouped_moe_gemm(a: torch.Tensor, layer: "QuantMoE", weight: str, expert_lay
     weight: "w13" (N = 2I; a layer built with fused_activation=False) or "w2" (N = H).
     A layer whose scheme quantizes activations quantizes the rows of `a` first (a dynamic per-tensor scale is
     refused for grouped_masked: its amax would read the rows past the counts).
-    pipeline: None (the layer's pipeline=, else warp-specialized on sm_90a from 17 rows per expert), "standard" or
-    "warp_specialized" (QuantMoE.grouped_launcher).
+    pipeline: None (the layer's pipeline=, else warp-specialized on sm_90a from 17 rows per expert, W8A8 layers at
+    any count), "standard" or "warp_specialized" (QuantMoE.grouped_launcher).
     expected_m: the rows per expert expected in use (DeepGEMM's m_grouped_*_masked hint); it picks the token tile
         and pipeline. None: max_m (grouped_masked) or R / E (grouped_contiguous), the buffer's rows, as the counts
         and offsets stay on the GPU; a buffer sized for the worst case but mostly empty then gets the largest tile.

@@ -351,3 +351,21 @@ def test_staged_e8m0_activation_scales_in_moe_kernels(monkeypatch, block_m: int)
         r = kernel.compiled.resources
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
         assert kernel.a_scale_alignment == 4
+
+
+def test_w8a8_rule_keeps_split_k_and_reads_both_gemms_for_grouped_tiles() -> None:
+    """ws_moe_from_rows: a W8A8 layer asked for split_k=n keeps the standard pipeline's split buckets below 17 rows
+    per expert (else the request would be dropped without a word); a layer whose GEMM2 runs 16-bit activations (a
+    compute-type fallback) keeps both GEMMs' small buckets standard, and its grouped GEMM1 follows (moe_layers)."""
+    from humming_gen.heuristics import grouped_moe_tuning
+
+    s = hg.scheme("w8a8-fp8-block128")
+    layers = [_layer("w8a8-fp8-block128", n=512, k=512), _layer("w8a8-fp8-block128", n=512, k=256)]
+    standard = [choose_tunings(layer, SM90, pipeline="standard") for layer in layers]
+    split = moe_tunings(standard, layers, [ComputeConfig(gemm="indexed"), WEIGHTED], SM90, split_k=2)
+    assert [t.pipeline for _, t in split[0].buckets][:2] == ["standard"] * 2
+    assert any(t.split_k > 1 for _, t in split[0].buckets)
+    mixed = [layers[0], attrs.evolve(layers[1], scheme=attrs.evolve(s, activation=None))]
+    grouped = ComputeConfig(gemm="grouped_contiguous")
+    assert grouped_moe_tuning(standard[0], mixed[0], grouped, SM90, 8).pipeline == "warp_specialized"
+    assert grouped_moe_tuning(standard[0], mixed[0], grouped, SM90, 8, moe_layers=mixed).pipeline == "standard"

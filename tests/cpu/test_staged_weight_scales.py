@@ -66,6 +66,15 @@ def test_which_layers_stage_and_what_a_stage_holds(staged) -> None:
     src = generate(kernel)
     assert kernel.kernel_name.endswith("_wss") and "load_weight_group_scales(w_scale, p," not in src
     assert "load_staged_weight_group_scales(w_scale, w_scale_stage(s)" in src
+    # the calls whose arguments the host test below takes as given (its stage loop is the skeleton's)
+    body = " ".join(src.split())
+    assert ("load_weight_scale_stage(w_scale_stage(s), static_cast<const float*>(p.b_scale), tc.n0, "
+            "weight_scale_stage_row0(kt));") in body
+    assert ("load_staged_weight_group_scales(w_scale, w_scale_stage(s), wn * cfg::kWarpN, "
+            "staged_weight_scale_row(slice_k + pg * cfg::kPromoteK, kt));") in body
+    assert "const int slice_k = kt * cfg::kBlockK + wk * cfg::kWarpK;" in body
+    assert "load_weight_stage(s, tc.kt_begin + s);" in body
+    assert "compute_stage(it % cfg::kStages, tc.kt_begin + it);" in body
     assert declaration_mismatches(kernel) == {}
     moe = LayerConfig(n=1536, k=2048, scheme="w8a8-fp8-block128", num_experts=8)
     for compute in (ComputeConfig(gemm="indexed", topk_weight=True), ComputeConfig(gemm="grouped_contiguous")):
@@ -128,7 +137,7 @@ int run(int seed) {
       memset(smem_base, 0xFF, sizeof(smem_base));
       for (unsigned t = 0; t < cfg::kThreads; ++t) {
         threadIdx.x = t;
-        load_weight_scale_stage(stage, gmem.data(), n0, kt * cfg::kBlockK / G);
+        load_weight_scale_stage(stage, gmem.data(), n0, weight_scale_stage_row0(kt));
       }
       for (unsigned t = 0; t < cfg::kThreads; ++t) {
         threadIdx.x = t;
@@ -137,7 +146,8 @@ int run(int seed) {
         for (int pg = 0; pg < cfg::kWarpK / cfg::kPromoteK; ++pg) {
           const int group = (slice_k + pg * cfg::kPromoteK) / G;
           float w[cfg::kWarpNTiles][2];
-          load_staged_weight_group_scales(w, stage, wn * cfg::kWarpN, group - kt * cfg::kBlockK / G);
+          load_staged_weight_group_scales(w, stage, wn * cfg::kWarpN,
+                                          staged_weight_scale_row(slice_k + pg * cfg::kPromoteK, kt));
           for (int nt = 0; nt < cfg::kWarpNTiles; ++nt)
             for (int h = 0; h < 2; ++h) {
               const float want = gmem[(size_t)group * cfg::kNPad + n0 + wn * cfg::kWarpN + g + nt * 16 + 8 * h];

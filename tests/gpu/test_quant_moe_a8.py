@@ -3,7 +3,7 @@ bucket, pipeline="standard") on the GPU against the float64 references, for the 
 w8a8-fp8-block128, w8a8-int8-channel, w4a8-mxfp4-fp8, w4a8-int4-g128-int8, w8a8-fp8-tensor (one dynamic per-tensor
 activation scale per GEMM input: the amax of every row; and a checkpoint's static input_scale,
 test_quant_moe_a8_static_per_tensor_scales) and w8a8-mxfp8 (e8m0 scales per 1 x 32 group). The warp-specialized
-buckets (sm_90a, from 17 rows per expert on by default) are tests/gpu/test_quant_moe_a8_ws.py's.
+buckets (sm_90a by default: from 17 rows per expert on, W8A8 layers' all) are tests/gpu/test_quant_moe_a8_ws.py's.
 
 The references quantize both GEMM inputs with the scheme's ActivationScheme (`quantize(.).dequantize()`, which
 humming_gen.quantize_activation matches bit for bit): x, and GEMM2's input, the gated activation. Every output the

@@ -44,3 +44,12 @@ def test_staged_weight_scales_moe(preset: str) -> None:
     moe, q13, q2, b13, b2 = build_layer(preset, 19, seed=7, pipeline="standard", biases=True, fused=False)
     assert all(g.kernel.plan.kernel_name.endswith("_wss") for pair in moe._launchers for g in pair)
     check_routed_gemms(moe, q13, q2, b13, b2, (1, 7, 128, 1000), _routing, f"{preset} staged")
+
+
+@pytest.mark.parametrize("layout", ["grouped_masked", "grouped_contiguous"])
+def test_staged_weight_scales_grouped(layout: str) -> None:
+    """The grouped kernels (for_expert rebases p.b_scale before the stage loader reads it) through the unstaged
+    test's checks; QuantMoE(pipeline="standard") keeps them on the standard pipeline."""
+    from test_quant_moe_a8 import test_a8_grouped_moe_gemm
+
+    test_a8_grouped_moe_gemm("w4a8-mxfp4-fp8", layout)

@@ -67,7 +67,7 @@ FP8_ON_F16_MMA = True
 # The SASS of a W4A8 MXFP4 MoE small tile on sm_90a (8 x 128 x 128, 2 k warps) holds 16 LDG.E.CONSTANT in its hot
 # loop: each 32-k promotion waits for an L2 round trip, where the 16-bit kernels read their group scales from the
 # stage. Opt-in until timed on a GPU (bench/moe_small_tiles.py variant stage_scales; GPU test
-# tests/gpu/test_quant_moe_a8.py::test_staged_weight_scales_match_reference); kernel names end in `_wss`.
+# tests/gpu/test_staged_weight_scales_gpu.py); kernel names end in `_wss`.
 STAGE_WEIGHT_SCALES = False
 MMA_S4 = "m16n8k64"  # ... and of those with int4 activations
 

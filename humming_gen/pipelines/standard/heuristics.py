@@ -190,7 +190,7 @@ def moe_small_tile_fields(block_m: int) -> dict | None:
 def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> TuningConfig:
     """`tuning` (a standard-pipeline MoE bucket without split-K) as MOE_SMALL_TILES says for its m block, where the
     rule above takes it, the bucket's warps already take the table's k slice (the layout's: one packed weight) and
-    its CTAs fit an SM with rings of at least 3 stages (or of every k tile, where K holds fewer)."""
+    its CTAs fit an SM with rings of at least 3 stages (2 where K is one k tile: slice_stages)."""
     fields = moe_small_tile_fields(tuning.block_m)
     if (fields is None or tuning.split_k != 1 or layer.scheme.weight.bits != 4
             or arbitrary_group_size(layer.scheme) is not None or tuning.warps_m != 1
@@ -200,7 +200,7 @@ def moe_small_tile(layer: LayerConfig, target: Target, tuning: TuningConfig) -> 
     small = attrs.evolve(tuning, **fields)
     deepest = min(small.stages, slice_stages(layer, small.block_k, 1))
     # the deepest ring up to the table's that the CTAs' shared memory holds (group scales take a share), at least 3
-    # (fewer where K has fewer k tiles: slice_stages)
+    # (2 where K is one k tile: slice_stages)
     fitting = [s for s in range(min(3, deepest), deepest + 1)
                if _tuning_fits(layer, target, attrs.evolve(small, stages=s))]
     return attrs.evolve(small, stages=fitting[-1]) if fitting else tuning

@@ -141,6 +141,7 @@ class WeightScalesCpAsync(Component):
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"cp_async"})
     ptx: ClassVar[tuple[str, ...]] = ("smem_address", "cp_async")
-    provides: ClassVar[frozenset[str]] = frozenset({"kWScaleRowChunks", "kWScaleChunks", "load_weight_scale_stage",
+    provides: ClassVar[frozenset[str]] = frozenset({"kWScaleRowChunks", "kWScaleChunks", "weight_scale_stage_row0",
+                                                    "staged_weight_scale_row", "load_weight_scale_stage",
                                                     "load_staged_weight_group_scales"})
     needs: ClassVar[frozenset[str]] = frozenset({"cp_async_16", "smem_address"})

@@ -134,7 +134,8 @@ class StandardA8Pipeline(Component):
                   else {"load_a_stage"})
         needs |= {"widen_activation_fragment"} if self.f16_mma else set()
         if self.weight_groups:
-            needs |= ({"load_weight_scale_stage", "load_staged_weight_group_scales"} if self.staged_weight_scales
+            needs |= ({"load_weight_scale_stage", "load_staged_weight_group_scales", "weight_scale_stage_row0",
+                       "staged_weight_scale_row"} if self.staged_weight_scales
                       else {"load_weight_group_scales"})
         needs |= {"load_activation_group_scales"} if self.activation_groups else set()
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()

@@ -2,7 +2,7 @@
 cp.async, consumer warpgroups dequantizing in registers into wgmma's register A operand; persistent grid with
 split-K. The heuristics give it the buckets from 17 tokens on (9 for layers of at most 3072 rows), where it beats
 the standard pipeline (humming_gen.heuristics.choose). It also generates MoE GEMMs (indexed, grouped_contiguous,
-grouped_masked), with 16-bit or 8-bit activations (QuantMoE's buckets from 17 rows per expert on:
+grouped_masked), with 16-bit or 8-bit activations (QuantMoE's buckets from 17 rows per expert on, W8A8 layers' all:
 humming_gen.heuristics.choose.moe_tunings, grouped_moe_tuning)."""
 
 from __future__ import annotations
