@@ -1,9 +1,9 @@
 """Sweep of the standard pipeline's small-tile MoE buckets (issue 11: from about 4 to 16 rows per expert the indexed
 GEMMs are latency-bound, DRAM at 39-48 %): the bucket's own tuning against more, smaller CTAs per SM (block_k 128 or
 64 with fewer k warps; the weight layout, a warp's 64-k slice, is kept) and 16-token tiles, each variant composed,
-compiled and bound to the same layers' packed weights. Qwen3-30B-A3B, gpt-oss-120b and DeepSeek-V3 (per rank) shapes, GEMM only (the
-activation quantization of 8-bit schemes outside the timing), graph method, 2 layers alternating, one uniformly
-random routing per M.
+compiled and bound to the same layers' packed weights. Qwen3-30B-A3B, gpt-oss-120b and DeepSeek-V3 (per rank)
+shapes, GEMM only (the activation quantization of 8-bit schemes outside the timing), graph method, 2 layers
+alternating, one uniformly random routing per M.
 
     python bench/moe_small_tiles.py [--models qwen3,gptoss] [--formats w4a16-int4-g128,w4a8-mxfp4-fp8] [--m 16,128]
 """
@@ -23,7 +23,8 @@ from humming_gen.moe import moe_align
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from moe_bench import quantize_experts
 
-MODELS = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "deepseek": (256, 8, 7168, 256)}  # experts, top-k, hidden, intermediate
+# experts, top-k, hidden, intermediate
+MODELS = {"qwen3": (128, 8, 2048, 768), "gptoss": (128, 4, 2880, 2880), "deepseek": (256, 8, 7168, 256)}
 LAYERS = 2
 # TuningConfig fields over the bucket's own (which keeps block_n 128, warps_n 2 and a warp's 64-k slice); f16_mma:
 # compose_a8.FP8_ON_F16_MMA (fp8 only; False: ptxas's own lowering of the fp8 mma.sync); stage_scales:

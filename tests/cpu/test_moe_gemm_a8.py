@@ -194,7 +194,8 @@ def test_quant_moe_builds_8_bit_activation_kernels_and_refuses_what_the_target_c
         kernels = [k for pair in moe._kernels for k in pair]
         # W4A8: mma.sync below 17 rows per expert, warp-specialized wgmma from there on; W8A8: wgmma in every bucket
         # (tests/cpu/test_moe_gemm_a8_ws.py)
-        assert {k.plan.tuning.mma for k in kernels} == ({"wgmma"} if scheme.startswith("w8a8") else {"m16n8k32", "wgmma"})
+        mmas = {"wgmma"} if scheme.startswith("w8a8") else {"m16n8k32", "wgmma"}
+        assert {k.plan.tuning.mma for k in kernels} == mmas
         assert {k.plan.compute.gemm for k in kernels} == {"indexed"}
         assert moe.compute_dtypes == (hg.scheme(scheme).activation.dtype.name,) * 2
     with pytest.raises(ValueError, match="lacks 'mma_fp8'"):

@@ -87,7 +87,8 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlan:
         rows = compose_a8.weight_scale_rows(layer, t.block_k)
         return SmemPlan(a=_align(t.block_m * t.block_k), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
                         group=compose_a8.weight_scale_stage_bytes(layer, t), tensors=1 if rows else 0,
-                        rows=rows or 0, stages=t.stages, reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
+                        rows=rows or 0, stages=t.stages,
+                        reduce=(t.warps_k - 1) * t.warps_m * t.warps_n * acc_floats * 4)
     group = group_plan(layer, t.block_k)
     return SmemPlan(a=_align(t.block_m * t.block_k * 2), b=_align(b_layout_of(layer, t).stage_bytes(t.warps_k)),
                     group=_align(group.rows_per_stage * t.block_n * 2) if group else 0,
