@@ -3,7 +3,10 @@ scales) and MXFP8 (e8m0 group-32 scales), beside cuBLAS bf16; CUDA-graph us per 
 quantization included (canonical method: distinct layers rotated, median of replays). With --variants, each
 activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False) and with 128-token tiles, and
 MXFP8 with its e8m0 scales read from global memory at each promotion (compose_a8.STAGE_E8M0_SCALES=False; staged with
-the codes by default), at 64 and 128 tokens."""
+the codes by default), at 64 and 128 tokens. With --bf16-emulation, MXFP8 also as its exact bf16 emulation (a
+probe, not a library path): x quantized to MXFP8 and dequantized in torch (e4m3 codes times powers of two are exact
+in bf16), then the same MXFP4 weights on the 16-bit kernels (QuantLinear weight_only=True): the same products as
+the MXFP8 x MXFP4 kernel, at the bf16 tensor rate, no per-group promotion."""
 
 from __future__ import annotations
 
@@ -52,7 +55,20 @@ def applies(act: hg.ActivationScheme, variant: dict) -> bool:
     return "stage_e8m0" not in variant or act.scale_dtype.name == "float8e8m0"
 
 
+EMULATE = "--bf16-emulation" in sys.argv
+
+
+def mx_dequantized(x: torch.Tensor, act: hg.ActivationScheme) -> torch.Tensor:
+    """bf16 of the MXFP8 values of x (exact: an e4m3 code times 2^(e - 127))."""
+    m, k = x.shape
+    qa = hg.quantize_activation(x, act)
+    codes = qa.codes[:, :k].view(torch.float8_e4m3fn).float().view(m, k // 32, 32)
+    scales = torch.ldexp(torch.ones((), device=x.device), qa.scales.int() - 127).view(m, k // 32, 1)
+    return (codes * scales).view(m, k).bfloat16()
+
+
 names = [a + v for a, act in ACTIVATIONS.items() for v, variant in VARIANTS.items() if applies(act, variant)]
+names += ["MXFP8 as bf16 (probe)"] if EMULATE else []
 print("| N x K | cuBLAS bf16 | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
 for n, k in ((3072, 4096), (14336, 4096)):
     x = torch.randn(M, k, device="cuda").bfloat16()
@@ -76,6 +92,13 @@ for n, k in ((3072, 4096), (14336, 4096)):
             t = layers[0].kernel_for(M).plan.tuning
             cells.append(f"{graph_time_us(layers, x):.1f} ({t.pipeline[:8]} {t.block_m}, err {err:.1e})")
             del layers
+        if EMULATE and act.scale_dtype.name == "float8e8m0":
+            layers = [hg.QuantLinear.from_quantized(q, weight_only=True) for q in qws]
+            err = ((layers[0](mx_dequantized(x[:64], act)).double() - ref).norm() / ref.norm()).item()
+            fns = [lambda x, layer=layer: layer(mx_dequantized(x, act)) for layer in layers]
+            emulated = f"{graph_time_us(fns, x):.1f} (err {err:.1e})"
+            del layers
         del qws
         torch.cuda.empty_cache()
+    cells += [emulated] if EMULATE else []
     print(f"| {n}x{k} | " + " | ".join(cells) + " |", flush=True)
