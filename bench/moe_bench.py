@@ -23,7 +23,8 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --models qwen3 --m 1,128 --formats w4a16-int4-g128 --humming none
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
-                                                     # warp-specialized ones from 17 rows per expert on)
+                                                     # warp-specialized ones from 17 rows per expert on, W8A8's all)
+    python bench/moe_bench.py --prefetch-chunk-rows  # the opt-in read-ahead of the routed stores' rows
     python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
     python bench/moe_bench.py --split-k 1            # no split-K MoE bucket (default: the heuristic's, below one
                                                      # row per expert; e.g. DeepSeek gate-up at M <= 2)
@@ -154,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every standard-pipeline bucket n ways (default: the heuristic's split bucket)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
+    p.add_argument("--prefetch-chunk-rows", action="store_true",
+                   help="pipelines.warp_specialized.compose.PREFETCH_CHUNK_ROWS: the indexed warp-specialized kernels' "
+                        "staged stores read each chunk's rows and router weights one chunk ahead (opt-in)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.models if m not in MODELS]
@@ -934,6 +938,10 @@ def run(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.prefetch_chunk_rows:
+        from humming_gen.pipelines.warp_specialized import compose as ws_compose
+
+        ws_compose.PREFETCH_CHUNK_ROWS = True
     entries = plan(args)
     results = dry_run(args, entries) if args.dry_run else run(args, entries)
     write_json(results, args.out)

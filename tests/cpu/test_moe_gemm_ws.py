@@ -216,3 +216,24 @@ def test_routed_gemm1_stores_directly_and_gemm2_through_the_staging() -> None:
         for plan in _plans(layer, compute, block_ms=(64, 128)):
             src = hg.kernel.generate(plan, "nvrtc")
             assert ("stmatrix_x" in src) == staged and ("kStagingBytes" in src) == staged, (compute, plan.kernel_name)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a8-mxfp4-fp8", "w8a8-fp8-block128"])
+def test_prefetched_chunk_rows_compile_without_spills(scheme: str, monkeypatch) -> None:
+    """compose.PREFETCH_CHUNK_ROWS (opt-in): the routed staged stores of DeepSeek-V3's per-rank down GEMM (router
+    weights; 8-bit activations' token scales too) read the next chunk's rows before the chunk's stores, within the
+    consumers' registers; off, the source is the one without. (Their values: tests/cpu/test_staged_store_host.py.)"""
+    from humming_gen.pipelines.warp_specialized import compose as ws_compose
+
+    layer = LayerConfig(n=7168, k=256, scheme=scheme, num_experts=256)
+    tunings = [t for _, t in choose_moe_tunings(layer, SM90).buckets if t.block_m >= 64]
+    plain = [compose(layer, WEIGHTED, t, SM90) for t in tunings]
+    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", True)
+    plans = [compose(layer, WEIGHTED, t, SM90) for t in tunings]
+    for before, plan in zip(plain, plans):
+        src = hg.kernel.generate(plan, "nvrtc")
+        assert "rows_next" in src and "rows_next" not in hg.kernel.generate(before, "nvrtc"), plan.kernel_name
+        assert declaration_mismatches(plan) == {}
+    for kernel in build_many(plans):
+        r = kernel.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)

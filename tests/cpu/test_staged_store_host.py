@@ -21,6 +21,7 @@ from host_sections import cfg_namespace, epilogue_section, params_fields, params
 from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.kernel import generate
+from humming_gen.pipelines.warp_specialized import compose as ws_compose
 from humming_gen.pipelines.warp_specialized.heuristics import moe_tuning_for, tuning_for, tuning_for_a8
 from humming_gen.targets import get_target
 
@@ -262,10 +263,16 @@ CASES = {  # 16-byte pieces per staged row (kPieces) 1 to 8, chunks of 1 to 8 m 
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
-@pytest.mark.parametrize("case", list(CASES))
-def test_staged_store_writes_every_cell_once(case: str, tmp_path) -> None:
+@pytest.mark.parametrize("case,prefetch", [(c, False) for c in CASES]
+                         + [(c, True) for c in CASES if c.startswith("routed")],
+                         ids=list(CASES) + [f"{c}-prefetch-rows" for c in CASES if c.startswith("routed")])
+def test_staged_store_writes_every_cell_once(case: str, prefetch: bool, tmp_path, monkeypatch) -> None:
+    """prefetch: routed stores read each chunk's rows and factors one chunk ahead (compose.PREFETCH_CHUNK_ROWS)."""
+    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", prefetch)
     plan = CASES[case]()
-    assert any(type(c).__name__ == "StoreOutputStaged" for c in plan.components), "not the staged store"
+    store = next((c for c in plan.components if type(c).__name__ == "StoreOutputStaged"), None)
+    assert store is not None, "not the staged store"
+    assert store.prefetch_rows == prefetch
     source = tmp_path / "staged.cpp"
     source.write_text(_driver(plan))
     exe = tmp_path / "staged"

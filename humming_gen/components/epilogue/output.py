@@ -178,11 +178,17 @@ class StoreOutputStaged(StoreOutput):
     pipelines.warp_specialized.compose.staged_store says which)."""
 
     template: ClassVar[str] = "epilogue/store_output_staged.cuh.j2"
+    # routed rows: each chunk's assignment rows and factors are read one chunk ahead, before the previous chunk's
+    # stores to c, behind which they would wait in program order (pipelines.warp_specialized.compose.
+    # PREFETCH_CHUNK_ROWS)
+    prefetch_rows: bool = option_field()
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         if self.fragment_store:
             raise ValueError("StoreOutputStaged stores whole tiles: fragment_store is StoreOutput's")
+        if self.prefetch_rows and not self.row_map:
+            raise ValueError("StoreOutputStaged.prefetch_rows reads routed rows ahead: it needs row_map")
         if self.out_dtype not in ("bfloat16", "float16"):
             raise ValueError(f"StoreOutputStaged stages 16-bit outputs, not out_dtype={self.out_dtype!r}")
 

@@ -48,6 +48,14 @@ REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
 STAGING_BYTES = 2048  # per consumer warp: the token rows of its epilogue's chunk (StoreOutputStaged)
+# Indexed MoE kernels' staged stores read each chunk's assignment rows and router weights (and 8-bit activations'
+# token scales) one chunk ahead (StoreOutputStaged.prefetch_rows). In program order those loads otherwise come
+# after the previous chunk's stores to c, which the compiler cannot tell them apart from: the SASS of the DeepSeek
+# down GEMM's 128 x 256 W4A16 tile shows per chunk (4 per unit; 16 for 8-bit activations, whose chunks are one m
+# tile) its sorted_ids loads and then the router weights, which depend on them, after the stores. At K = 256 (two
+# stages of main loop per unit) that latency is much of a unit; the indexed down GEMM at M = 4096 ran 537.6 us
+# against the grouped one's 369.4. Opt-in until timed on a GPU (kernel names unchanged: the source is the cache key).
+PREFETCH_CHUNK_ROWS = False
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
@@ -271,7 +279,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K),
         bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
-        gated=compute.epilogue_activation or "", tile_rows=gather)))
+        gated=compute.epilogue_activation or "", tile_rows=gather,
+        **({"prefetch_rows": True} if staged and gather and PREFETCH_CHUNK_ROWS else {}))))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False, LAYOUT_WARP_K), per_expert) if moe else ()

@@ -49,6 +49,7 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, common_reasons, constan
                                           split_k_reasons)
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.standard.moe import expert_tensors, moe_name_suffix, moe_reasons
+from humming_gen.pipelines.warp_specialized import compose as ws_compose
 from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_GEMMS, STAGING_BYTES,
                                                             expert_prefix_bytes, moe_persistent_schedule,
                                                             moe_tuning_reasons, ring_reasons, staged_store,
@@ -361,7 +362,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
         dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
-        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather)))
+        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather,
+        **({"prefetch_rows": True} if staged and gather and ws_compose.PREFETCH_CHUNK_ROWS else {}))))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
     # deltas and the row factors in out_scale, per expert like the group scales they replace)
