@@ -237,3 +237,23 @@ def test_prefetched_chunk_rows_compile_without_spills(scheme: str, monkeypatch) 
     for kernel in build_many(plans):
         r = kernel.resources
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+
+
+@pytest.mark.parametrize("scheme,activation", [("w8a8-fp8-tensor", None), ("w8a8-fp8-block128", "silu_mul"),
+                                               ("w8a8-fp8-channel", None)])
+def test_prefetched_chunk_rows_of_unweighted_routed_gemm1(scheme: str, activation, monkeypatch) -> None:
+    """compose.PREFETCH_CHUNK_ROWS on a routed GEMM1 of 8-bit activations (staged; no router weights; token scales,
+    a tensor scale or none): only the lookups it reads, no unused ones (NVRTC warnings 550-D / 177-D)."""
+    from humming_gen.pipelines.warp_specialized import compose as ws_compose
+
+    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", True)
+    layer = LayerConfig(n=512, k=7168, scheme=scheme, num_experts=256)
+    compute = ComputeConfig(gemm="indexed", epilogue_activation=activation)
+    plans = [compose(layer, compute, t, SM90) for _, t in choose_moe_tunings(layer, SM90).buckets if t.block_m >= 64]
+    for plan in plans:
+        assert "out_rows_next" in hg.kernel.generate(plan, "nvrtc"), plan.kernel_name
+        assert declaration_mismatches(plan) == {}
+    for kernel in build_many(plans):
+        r = kernel.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+        assert "warning" not in kernel.compiled.log, (kernel.name, kernel.compiled.log)

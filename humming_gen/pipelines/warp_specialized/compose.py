@@ -51,8 +51,8 @@ STAGING_BYTES = 2048  # per consumer warp: the token rows of its epilogue's chun
 # Indexed MoE kernels' staged stores read each chunk's assignment rows and router weights (and 8-bit activations'
 # token scales) one chunk ahead (StoreOutputStaged.prefetch_rows). In program order those loads otherwise come
 # after the previous chunk's stores to c, which the compiler cannot tell them apart from: the SASS of the DeepSeek
-# down GEMM's 128 x 256 W4A16 tile shows per chunk (4 per unit; 16 for 8-bit activations, whose chunks are one m
-# tile) its sorted_ids loads and then the router weights, which depend on them, after the stores. At K = 256 (two
+# down GEMM's 128 x 256 W4A16 tile shows per chunk (4 per unit; 2 of 8 m tiles in 8-bit activations' 128 x 128
+# tiles) its sorted_ids loads and then the router weights, which depend on them, after the stores. At K = 256 (two
 # stages of main loop per unit) that latency is much of a unit; the indexed down GEMM at M = 4096 ran 537.6 us
 # against the grouped one's 369.4. Opt-in until timed on a GPU (kernel names unchanged: the source is the cache key).
 PREFETCH_CHUNK_ROWS = False
