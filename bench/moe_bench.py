@@ -288,7 +288,8 @@ def format_tables(results: dict[str, Any]) -> str:
             mine = [r for r in rows if r["model"] == name and r["format"] == fmt and r["table"] == "gemm"]
             impls = [(key, label) for key, label in GEMM_IMPLS if any(r["impl"] == key for r in mine)] \
                 or list(GEMM_IMPLS[:5])  # nothing measured (--dry-run): the planned columns
-            lines += ["", f"### {head}, {fmt}: per GEMM, CUDA-graph us per layer (L = {results['layers']})",
+            prefetch = ", prefetch_chunk_rows" if results.get("prefetch_chunk_rows") else ""
+            lines += ["", f"### {head}, {fmt}: per GEMM, CUDA-graph us per layer (L = {results['layers']}{prefetch})",
                       "| GEMM | M | experts hit | copy limit | " + " | ".join(label for _, label in impls)
                       + " | Humming anchor |", "|---|---|---|---|" + "---|" * (len(impls) + 1)]
             for gemm in ("w13", "w2"):
@@ -353,6 +354,7 @@ def new_results(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]
     anchors, source = load_anchors(args.anchors)
     return {"schema": SCHEMA, "humming_gen": __version__, "torch": torch.__version__, "gpu": None, "driver": None,
             "layers": args.layers, "replays": args.replays, "copy_gbps": COPY_GBPS_H200, "anchors": anchors,
+            "prefetch_chunk_rows": args.prefetch_chunk_rows,
             "anchor_source": source, "plan": [{k: v for k, v in e.items() if k != "spec"} for e in entries],
             "rows": [], "skipped": []}
 
