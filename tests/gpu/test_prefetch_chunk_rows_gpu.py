@@ -17,6 +17,17 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def prefetch(monkeypatch):
     monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", True)
+    # the switch reaches the kernels these tests build (compose reads it per plan; the kernel cache keys on source)
+    from humming_gen.codegen import compose
+    from humming_gen.config import ComputeConfig, LayerConfig
+    from humming_gen.kernel import generate
+    from humming_gen.pipelines.warp_specialized.heuristics import moe_tuning_for
+    from humming_gen.targets import get_target
+
+    layer = LayerConfig(n=512, k=256, scheme="w4a16-int4-g128", num_experts=8)
+    tuning = moe_tuning_for(layer, get_target("sm_90a"), 128)
+    assert "rows_next" in generate(compose(layer, ComputeConfig(gemm="indexed", topk_weight=True), tuning,
+                                           get_target("sm_90a")))
 
 
 @pytest.mark.parametrize("rows", [25, 200], ids=lambda r: f"rows{r}-per-expert")  # token tiles 64, 128
