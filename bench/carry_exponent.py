@@ -2,7 +2,8 @@
 the default) against the converter's own multiply per dequantized register, and with the split-K kernels' column
 factors in the store and preloaded (pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS, the default): dense
 16-bit-activation layers of float weights with small groups (MXFP4, NVFP4; N = K = 8192) and a gpt-oss-shaped
-QuantMoE (E = 128, top-4, H = I = 2880, MXFP4, whole forward). Graph method, the variants in one process, alternating rounds.
+QuantMoE (E = 128, top-4, H = I = 2880, MXFP4, whole forward). Graph method, the variants in one process,
+alternating rounds.
 Usage: python bench/carry_exponent.py [dense M list] [MoE M list]"""
 
 from __future__ import annotations

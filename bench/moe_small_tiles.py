@@ -36,6 +36,7 @@ VARIANTS = [dict(),
             dict(block_k=128, warps_k=2, ctas_per_sm=2, stages=8),
             dict(block_k=64, warps_k=1, ctas_per_sm=4, stages=8),
             dict(f16_mma=False), dict(stage_scales=True)]
+DEFAULTS = standard_a8.FP8_ON_F16_MMA, standard_a8.STAGE_WEIGHT_SCALES  # restored after each variant
 
 
 def compose_is_fp8(layer) -> bool:
@@ -75,8 +76,8 @@ def main() -> None:
                         if "stage_scales" in v and (own.layer.scheme.activation is None
                                                     or standard_a8.weight_group_k(own.layer) is None):
                             continue
-                        standard_a8.FP8_ON_F16_MMA = v.get("f16_mma", True)
-                        standard_a8.STAGE_WEIGHT_SCALES = v.get("stage_scales", False)
+                        standard_a8.FP8_ON_F16_MMA = v.get("f16_mma", DEFAULTS[0])
+                        standard_a8.STAGE_WEIGHT_SCALES = v.get("stage_scales", DEFAULTS[1])
                         fields = {f: val for f, val in v.items() if f not in ("f16_mma", "stage_scales")}
                         try:
                             plans.append(compose(own.layer, own.compute, attrs.evolve(own.tuning, **fields),
@@ -85,8 +86,7 @@ def main() -> None:
                         except (ComposeError, ValueError) as err:
                             print(f"{model} {fmt} {weight} {v}: {' '.join(str(err).split())[:140]}")
                         finally:
-                            standard_a8.FP8_ON_F16_MMA = True
-                            standard_a8.STAGE_WEIGHT_SCALES = False
+                            standard_a8.FP8_ON_F16_MMA, standard_a8.STAGE_WEIGHT_SCALES = DEFAULTS
                     kernels = build_many(plans)
                     routing = moe_align(ids, e, own.tuning.block_m)
                     n = 2 * i if weight == "w13" else h

@@ -1,5 +1,6 @@
 """Routing cases shared by the moe_align tests (CPU and GPU): random top-k ids with -1 slots and out-of-range
-ids, expert maps of expert parallelism, and the brute-force definition of moe_align's outputs."""
+ids, expert maps of expert parallelism, and the brute-force definition of moe_align's outputs; and the pipeline
+rule the QuantMoE tests state (w8a8)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def brute_force(topk_ids: torch.Tensor, num_experts: int, block_m: int,
             "expert_ids": expert_ids + [-1] * (max_padded // block_m - len(expert_ids)),
             "num_tokens_post_pad": [total], "expert_offsets": offsets,
             "expert_counts": [len(r) for r in runs], "inverse": inverse}
+
+
+def w8a8(preset: str) -> bool:
+    """Whether a preset's MoE layers take the warp-specialized kernels in every bucket on sm_90a by default: 8-bit
+    weights with 8-bit activations (humming_gen.heuristics.choose.ws_moe_from_rows; stated here, not asked of it)."""
+    import humming_gen as hg
+
+    s = hg.scheme(preset)
+    return s.weight.bits == 8 and s.activation is not None

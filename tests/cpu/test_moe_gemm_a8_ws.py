@@ -23,6 +23,7 @@ from humming_gen.layer.moe import QuantMoE, prepare_moe_weight
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
 from humming_gen.targets import get_target
+from moe_cases import w8a8
 from moe_host import CXX, check_schedule_and_gather, expert_stride_mismatches, ws_moe_plans
 from symbols import declaration_mismatches
 
@@ -221,12 +222,6 @@ def _moe_layers(scheme: str) -> tuple[list[LayerConfig], list[ComputeConfig]]:
     return [_layer(scheme, n=512, k=1024), _layer(scheme, n=1024, k=256)], [ComputeConfig(gemm="indexed"), WEIGHTED]
 
 
-def _w8a8(scheme: str) -> bool:
-    """8-bit weights with 8-bit activations: every MoE bucket warp-specialized on sm_90a (heuristics.choose.
-    ws_moe_from_rows)."""
-    return hg.scheme(scheme).weight.bits == 8
-
-
 @pytest.mark.parametrize("scheme", SCHEMES[:4])
 def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on_sm_90a(scheme: str) -> None:
     """W4A8: the standard pipeline's split-K and small buckets below 17 rows per expert, then warp-specialized; W8A8:
@@ -247,7 +242,7 @@ def test_moe_tunings_take_a8_warp_specialized_buckets_from_17_rows_per_expert_on
         assert [(m, t.block_m) for m, t in forced[0].buckets] == list(MOE_BUCKETS)
         assert [t.block_k for _, t in forced[0].buckets] == [256, 128, 128, 128]
         assert all(t.split_k == 1 and t.raster == "n_major" for plan in forced for _, t in plan.buckets)
-        if _w8a8(scheme):
+        if w8a8(scheme):
             assert plans == forced
             continue
         # first the standard pipeline's split-K bucket below one row per expert (tests/cpu/test_moe_split_k.py)
@@ -272,7 +267,7 @@ def test_quant_moe_a8_pipelines_per_bucket_on_sm_90a(scheme: str) -> None:
     assert moe.fused_activation is fused
     assert moe.activation_schemes == (hg.scheme(scheme).activation,) * 2
     kinds = [(g1.kernel.plan.pipeline, g2.kernel.plan.pipeline) for g1, g2 in moe._launchers]
-    own = 0 if _w8a8(scheme) else 2  # buckets on the standard pipeline
+    own = 0 if w8a8(scheme) else 2  # buckets on the standard pipeline
     assert kinds == [("standard", "standard")] * own + [("warp_specialized", "warp_specialized")] * (4 - own)
     assert moe.block_m(16, 8) == 16 and moe.block_m(17, 8) == 64 and moe.block_m(4096, 8) == 128  # rows per expert
     assert all(g1.kernel.plan.compute.epilogue_activation == ("swiglu_oai" if fused else None)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import humming_gen as hg
+from moe_cases import w8a8
 from test_quant_moe import _rel, _routing, capture_without_sync
 from test_quant_moe_a8 import (LAYER_TOLERANCE, _reference, build_layer, check_expert_map,
                                check_routed_gemms)
@@ -47,18 +48,13 @@ SMALL_M_LAYER_TOLERANCE = 3e-2
 PER_TENSOR_LAYER_TOLERANCE = 4e-2
 
 
-def _w8a8(preset: str) -> bool:
-    """8-bit weights: by default every bucket warp-specialized (heuristics.choose.ws_moe_from_rows)."""
-    return hg.scheme(preset).weight.bits == 8
-
-
 def _layer(preset: str, e: int, *, seed: int, pipeline: str | None, **kwargs):
     """build_layer (test_quant_moe_a8.py) with the pipelines it asserts: `pipeline` on every bucket, or by default
     W8A8's warp-specialized buckets, W4A8's standard pipeline in its two smallest buckets, then the
     warp-specialized ones."""
     moe, q13, q2, b13, b2 = build_layer(preset, e, seed=seed, pipeline=pipeline, **kwargs)
     pipelines = [g.kernel.plan.pipeline for pair in moe._launchers for g in pair]
-    if pipeline is not None or _w8a8(preset):  # forced onto every bucket, or W8A8's default
+    if pipeline is not None or w8a8(preset):  # forced onto every bucket, or W8A8's default
         assert set(pipelines) == {pipeline or "warp_specialized"}, preset
     else:  # a split-K first bucket where the heuristic splits (standard), the standard pipeline's two smallest
         # unsplit buckets, then the warp-specialized ones
@@ -131,7 +127,7 @@ def test_quant_moe_a8_ws_matches_reference(preset: str, e: int, pipeline: str | 
     if preset == "w8a8-fp8-tensor":
         tolerance = small_m_tolerance = PER_TENSOR_LAYER_TOLERANCE
     errors, seen = layer_errors(moe, q13, q2, b13, b2)
-    if pipeline is None and not _w8a8(preset):  # the batches span both pipelines' buckets
+    if pipeline is None and not w8a8(preset):  # the batches span both pipelines' buckets
         assert seen == {("standard", "standard"), ("warp_specialized", "warp_specialized")}, seen
     bad = {k: err for k, err in errors.items()
            if not err < (small_m_tolerance if k[0] < SMALL_M else tolerance)}

@@ -20,6 +20,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.reference.moe import local_experts
+from moe_cases import w8a8
 from test_quant_moe import _rel, _routing, capture_without_sync
 from test_quant_moe_a8 import LAYER_TOLERANCE, _reference
 
@@ -65,7 +66,7 @@ def _cases(fusing: bool = False):
     every bucket warp-specialized: heuristics.choose.ws_moe_from_rows)."""
     for preset in SCHEMES:
         for pipeline in PIPELINES:
-            if fusing and pipeline is None and hg.scheme(preset).weight.bits == 8:
+            if fusing and pipeline is None and w8a8(preset):
                 continue
             yield pytest.param(preset, pipeline, id=f"{preset}-{pipeline or 'default'}")
 

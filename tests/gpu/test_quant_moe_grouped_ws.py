@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import humming_gen as hg
+from moe_cases import w8a8
 from test_quant_moe import TOLERANCE, _rel
 from test_quant_moe_a8 import _check_rows
 
@@ -134,7 +135,7 @@ def test_grouped_masked_expected_m_is_only_a_hint(preset: str) -> None:
     counts = torch.tensor([0, 1, 3, 9, 40, 200, max_m, max_m + 9], dtype=torch.int32)
     a = torch.randn(e, max_m, H, device="cuda").bfloat16()
     aq = _reference_rows(moe, 0, a.reshape(-1, H)).reshape(e, max_m, H)
-    small = "warp_specialized" if hg.scheme(preset).weight.bits == 8 else "standard"
+    small = "warp_specialized" if w8a8(preset) else "standard"
     for expected_m, tile in ((4, (small, 8)), (20, ("warp_specialized", 64)), (None, ("warp_specialized", 128))):
         launcher = moe.grouped_launcher("w13", "grouped_masked", max_m if expected_m is None else expected_m)
         assert (launcher.kernel.plan.pipeline, launcher.kernel.plan.tuning.block_m) == tile

@@ -192,6 +192,14 @@ class StoreOutputStaged(StoreOutput):
         if self.out_dtype not in ("bfloat16", "float16"):
             raise ValueError(f"StoreOutputStaged stages 16-bit outputs, not out_dtype={self.out_dtype!r}")
 
+    def extra_context(self) -> dict:
+        context = super().extra_context()
+        # a routed chunk's lookups beyond its rows of c: router weights and / or per-token scales of the rows read
+        row_factors = self.topk_weight or context["row_token_scale"]
+        # the lane's token column pair (t): the chunk lookups and per-token scales read it
+        lane_t = (self.row_map and (row_factors or not self.prefetch_rows)) or self.token_scale == "token"
+        return {**context, "row_factors": row_factors, "lane_t": lane_t}
+
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         return super().ptx + ("stmatrix_x1" if self.gated else "stmatrix_x2",)
