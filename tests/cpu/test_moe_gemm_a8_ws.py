@@ -89,14 +89,18 @@ def test_a8_ws_moe_source_gathers_codes_and_token_scales_through_the_routing() -
     assert "const int gk = k0 + chunk * 16;" in src and "valid ? bytes : 0" in src
     # each row's token scale is its activation row's (assignment / top_k), in the epilogue with the router weight
     assert "store_output(acc, for_expert(p, tc.expert), n_base, tc.m0, ring.smem + " in src
-    assert "token_scales[mc][j] = live ? a_scale[assignment_token(rows[mc][j], p.top_k, top_k_magic)] : 0.0f;" in src
-    # a chunk's rows, then their router weights and token scales, all loaded before its stores
+    assert ("token_scales_next[mc][j] = live ? a_scale[assignment_token(rows_next[mc][j], p.top_k, top_k_magic)] "
+            ": 0.0f;") in src
+    # the first chunk's rows, router weights and token scales before the chunks; each next chunk's after this chunk's
+    # staging and before its stores to c (compose.PREFETCH_CHUNK_ROWS)
     store = src.split("void store_output(")[1]
-    assert (store.index("rows[mc][j] = mt0 + mc < cfg::kWarpMTiles ? sorted_ids[")
-            < store.index("weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]]")
-            < store.index("stmatrix_x2_trans(") < store.index("*reinterpret_cast<uint4*>(dst) = v;"))
+    assert (store.index("rows_next[mc][j] = 0 + mc < cfg::kWarpMTiles ? sorted_ids[")
+            < store.index("weights_next[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows_next[mc][j]]")
+            < store.index("stmatrix_x2_trans(") < store.index("rows_next[mc][j] = mt0 + kChunkTiles + mc <")
+            < store.index("*reinterpret_cast<uint4*>(dst) = v;"))
     assert "(acc[nt][mt][3] * scales[nt][1] * token_scales[mc][1] + biases[nt][1]) * weights[mc][1]" in src
-    assert "out_rows[i] = staged ? sorted_ids[m_base + mt0 * 8 + staged_row] : p.m;" in src  # each staged row's row of c
+    # each staged row's row of c
+    assert "out_rows_next[i] = staged ? sorted_ids[m_base + (mt0 + kChunkTiles) * 8 + staged_row] : p.m;" in src
     assert "a_scale[m]" not in src and "a_rows" not in src
     plan = _plans(_layer("w8a8-fp8-channel"), block_ms=(128,))[0]
     # the same Params fields (so Launcher.moe binds it) and packed weight as the standard pipeline's A8 MoE kernels
@@ -317,7 +321,7 @@ def test_token_of_is_the_exact_quotient() -> None:
     src = _source("w8a8-fp8-channel")
     assert "return 0xFFFFFFFFu / top_k + 1u;" in src and "q = __umulhi(n, magic);" in src
     assert "return top_k == 1u ? n : q - (q * top_k > n ? 1u : 0u);" in src
-    assert "a_scale[assignment_token(rows[mc][j], p.top_k, top_k_magic)]" in src
+    assert "a_scale[assignment_token(rows_next[mc][j], p.top_k, top_k_magic)]" in src
     rng = random.Random(0)
     for top_k in list(range(1, 65)) + [100, 255, 256, 257, 1000, 4095, 65535, 2**20 + 7]:
         edges = [0, 1, top_k - 1, top_k, top_k + 1, 2**31 - 1, 2**31 - top_k, 2**24, 2**24 + 1]

@@ -80,8 +80,9 @@ def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
     assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     # the consumers scatter each row to its assignment's row of c with the expert's bias and the router weight
     assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0, ring.smem + " in src
-    assert "sorted_ids[m_base + (mt0 + mc) * 8 + 2 * t + j]" in src and "if (out_rows[i] >= p.m) continue;" in src
-    assert "weights[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows[mc][j]] : 0.0f;" in src
+    assert "sorted_ids[m_base + (mt0 + kChunkTiles + mc) * 8 + 2 * t + j]" in src  # a chunk ahead
+    assert "if (out_rows[i] >= p.m) continue;" in src
+    assert "weights_next[mc][j] = live ? static_cast<const float*>(p.topk_weights)[rows_next[mc][j]] : 0.0f;" in src
     consts = {name: value for name, value, _ in plan.constants}
     assert consts["kExpertBBytes"] == consts["kNPad"] * consts["kKPad"] * 4 // 8
     # the same Params fields (so Launcher.moe binds it) and the same packed weight as the standard MoE kernels
@@ -220,16 +221,17 @@ def test_routed_gemm1_stores_directly_and_gemm2_through_the_staging() -> None:
 
 @pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a8-mxfp4-fp8", "w8a8-fp8-block128"])
 def test_prefetched_chunk_rows_compile_without_spills(scheme: str, monkeypatch) -> None:
-    """compose.PREFETCH_CHUNK_ROWS (opt-in): the routed staged stores of DeepSeek-V3's per-rank down GEMM (router
-    weights; 8-bit activations' token scales too) read the next chunk's rows before the chunk's stores, within the
-    consumers' registers; off, the source is the one without. (Their values: tests/cpu/test_staged_store_host.py.)"""
+    """compose.PREFETCH_CHUNK_ROWS (on by default): the routed staged stores of DeepSeek-V3's per-rank down GEMM
+    (router weights; 8-bit activations' token scales too) read the next chunk's rows before the chunk's stores,
+    within the consumers' registers; off, the source is the one without. (Their values:
+    tests/cpu/test_staged_store_host.py.)"""
     from humming_gen.pipelines.warp_specialized import compose as ws_compose
 
     layer = LayerConfig(n=7168, k=256, scheme=scheme, num_experts=256)
     tunings = [t for _, t in choose_moe_tunings(layer, SM90).buckets if t.block_m >= 64]
-    plain = [compose(layer, WEIGHTED, t, SM90) for t in tunings]
-    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", True)
     plans = [compose(layer, WEIGHTED, t, SM90) for t in tunings]
+    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", False)
+    plain = [compose(layer, WEIGHTED, t, SM90) for t in tunings]
     for before, plan in zip(plain, plans):
         src = hg.kernel.generate(plan, "nvrtc")
         assert "rows_next" in src and "rows_next" not in hg.kernel.generate(before, "nvrtc"), plan.kernel_name

@@ -1,9 +1,9 @@
 """Weight group scales of the standard pipeline's 8-bit-activation kernels staged through shared memory
-(pipelines.standard.compose_a8.STAGE_WEIGHT_SCALES, opt-in: WeightScalesCpAsync copies a stage's kWScaleRows fp32
+(pipelines.standard.compose_a8.STAGE_WEIGHT_SCALES, on by default: WeightScalesCpAsync copies a stage's kWScaleRows fp32
 rows beside its weight tile, each promotion reads its warp slice's scales from there instead of from global memory).
 
 - Which layers stage (group k sides that divide block_k or are multiples of it; not int4 x int4), the shared memory
-  the heuristics and compose count, the kernel name (`_wss`), and that the default renders no staging.
+  the heuristics and compose count, the kernel name (`_wss`), and that the switch off renders no staging.
 - NVRTC compilation without spills (dense buckets and MoE small tiles, sm_80 / sm_89 / sm_90a / sm_120a).
 - The generated loader and reader compiled for the host with g++: every k tile's stage copied by all threads, then
   every warp's promotion groups read back, against the global reader's element (GroupScalesGlobal's indexing).
@@ -44,7 +44,10 @@ def _dense(scheme: str, target: str = "sm_90a", n: int = 1536, k: int = 2048):
     return layer, choose_tunings(layer, get_target(target), pipeline="standard")
 
 
-def test_default_reads_group_scales_from_global_memory() -> None:
+def test_default_stages_and_the_switch_off_reads_group_scales_from_global_memory(monkeypatch) -> None:
+    layer, plan = _dense("w4a8-mxfp4-fp8")
+    assert compose(layer, ComputeConfig(), plan.for_m(8), get_target("sm_90a")).kernel_name.endswith("_wss")
+    monkeypatch.setattr(compose_a8, "STAGE_WEIGHT_SCALES", False)
     layer, plan = _dense("w4a8-mxfp4-fp8")
     kernel = compose(layer, ComputeConfig(), plan.for_m(8), get_target("sm_90a"))
     assert compose_a8.weight_scale_rows(layer, 128) is None and not kernel.kernel_name.endswith("_wss")

@@ -20,6 +20,7 @@ import torch
 import humming_gen as hg
 from humming_gen.codegen import compose
 from humming_gen.codegen.render import environment
+from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT as ATOM
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.config import ComputeConfig, LayerConfig
@@ -359,7 +360,10 @@ def test_shared_memory_holds_half_a_byte_per_weight() -> None:
                  _plan("w8a8-fp8-channel", "sm_90a", m=16, pipeline="standard"))
     t = nib.tuning
     assert nib.tuning == full.tuning
-    assert full.shared_bytes - nib.shared_bytes == t.stages * t.block_n * t.block_k // 2
+    # (the group-128 weights also stage one fp32 scale row per column with each stage: compose_a8.STAGE_WEIGHT_SCALES)
+    wss = standard_a8.weight_scale_stage_bytes(nib.layer, t)
+    assert wss == t.block_k // 128 * t.block_n * 4  # a row of fp32 scales per group of the stage
+    assert full.shared_bytes - (nib.shared_bytes - t.stages * wss) == t.stages * t.block_n * t.block_k // 2
     from humming_gen.pipelines.warp_specialized import compose_a8 as ws_a8  # a stage of the warp-specialized ring
 
     nib, full = _plan("w4a8-int4-g128-fp8", "sm_90a", m=1000), _plan("w8a8-fp8-channel", "sm_90a", m=1000)

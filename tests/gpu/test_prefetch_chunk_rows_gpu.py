@@ -1,5 +1,6 @@
 """The indexed warp-specialized MoE kernels with their staged stores reading each chunk's rows and router weights one
-chunk ahead (pipelines.warp_specialized.compose.PREFETCH_CHUNK_ROWS, opt-in; host test of the store:
+chunk ahead (pipelines.warp_specialized.compose.PREFETCH_CHUNK_ROWS, the default) or in program order (the switch
+off, kept for measurements), host test of the store:
 tests/cpu/test_staged_store_host.py), on the GPU through the default kernels' own tests: the routed GEMMs' exact
 rows and values, 16-bit and 8-bit activations, and whole layers against the float64 reference."""
 
@@ -14,9 +15,9 @@ from humming_gen.pipelines.warp_specialized import compose as ws_compose
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def prefetch(monkeypatch):
-    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", True)
+@pytest.fixture(autouse=True, params=[True, False], ids=["ahead", "in-order"])
+def prefetch(monkeypatch, request):
+    monkeypatch.setattr(ws_compose, "PREFETCH_CHUNK_ROWS", request.param)
     # the switch reaches the kernels these tests build (compose reads it per plan; the kernel cache keys on source)
     from humming_gen.codegen import compose
     from humming_gen.config import ComputeConfig, LayerConfig
@@ -26,8 +27,8 @@ def prefetch(monkeypatch):
 
     layer = LayerConfig(n=512, k=256, scheme="w4a16-int4-g128", num_experts=8)
     tuning = moe_tuning_for(layer, get_target("sm_90a"), 128)
-    assert "rows_next" in generate(compose(layer, ComputeConfig(gemm="indexed", topk_weight=True), tuning,
-                                           get_target("sm_90a")))
+    src = generate(compose(layer, ComputeConfig(gemm="indexed", topk_weight=True), tuning, get_target("sm_90a")))
+    assert ("rows_next" in src) == request.param
 
 
 @pytest.mark.parametrize("rows", [25, 200], ids=lambda r: f"rows{r}-per-expert")  # token tiles 64, 128

@@ -66,9 +66,12 @@ FP8_ON_F16_MMA = True
 # the CTA's columns beside the weight tile) instead of from global memory at every promotion (GroupScalesGlobal).
 # The SASS of a W4A8 MXFP4 MoE small tile on sm_90a (8 x 128 x 128, 2 k warps) holds 16 LDG.E.CONSTANT in its hot
 # loop: each 32-k promotion waits for an L2 round trip, where the 16-bit kernels read their group scales from the
-# stage. Opt-in until timed on a GPU (bench/moe_small_tiles.py variant stage_scales; GPU test
-# tests/gpu/test_staged_weight_scales_gpu.py); kernel names end in `_wss`.
-STAGE_WEIGHT_SCALES = False
+# stage. H200, graph us, global -> staged (bench/moe_small_tiles.py, W4A8 MXFP4 indexed GEMMs on the standard
+# pipeline, 2026-12-02): Qwen3-30B-A3B gate-up M = 16 / 128 60.1 / 106.5 -> 53.2 / 98.7, down 33.6 / 60.4 -> 30.0 /
+# 54.7; DeepSeek-V3 gate-up 79.9 / 174.5 -> 65.5 / 155.8, down 48.4 / 125.7 -> 41.1 / 104.3; gpt-oss-120b gate-up
+# 170.4 / 369.3 -> 142.5 / 329.7, down 87.6 / 196.3 -> 76.3 / 177.2. Kernel names end in `_wss`; False reads them
+# from global memory (for measurements; group k sides that neither divide block_k nor are multiples of it always do).
+STAGE_WEIGHT_SCALES = True
 MMA_S4 = "m16n8k64"  # ... and of those with int4 activations
 
 

@@ -54,8 +54,13 @@ STAGING_BYTES = 2048  # per consumer warp: the token rows of its epilogue's chun
 # down GEMM's 128 x 256 W4A16 tile shows per chunk (4 per unit; 2 of 8 m tiles in 8-bit activations' 128 x 128
 # tiles) its sorted_ids loads and then the router weights, which depend on them, after the stores. At K = 256 (two
 # stages of main loop per unit) that latency is much of a unit; the indexed down GEMM at M = 4096 ran 537.6 us
-# against the grouped one's 369.4. Opt-in until timed on a GPU (kernel names unchanged: the source is the cache key).
-PREFETCH_CHUNK_ROWS = False
+# against the grouped one's 369.4. H200, graph us, in order -> one chunk ahead (bench/moe_bench.py, 2026-12-02):
+# DeepSeek-V3 down M = 1024 / 4096 W4A16 217.8 / 531.5 -> 213.9 / 516.6, W4A8 262.0 / 716.5 -> 266.1 / 701.0, W8A8
+# 225.1 / 627.0 -> 224.8 / 582.9; gate-up M = 4096 W4A16 649.8 -> 667.2, W4A8 494.0 -> 487.5, W8A8 561.2 -> 562.5;
+# Qwen3-30B-A3B down M = 4096 W4A16 277.1 -> 272.5, W4A8 301.1 -> 295.3. A gain on the down GEMMs (short K), level
+# on the gate-up ones; the rest of the indexed / grouped gap is elsewhere. Kernel names unchanged (the source is the
+# cache key); False keeps program order (for measurements).
+PREFETCH_CHUNK_ROWS = True
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
