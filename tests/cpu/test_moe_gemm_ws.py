@@ -18,7 +18,7 @@ from humming_gen.heuristics.choose import moe_standard_plans
 from humming_gen.kernel import build_many
 from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.common import missing_symbols
-from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings, moe_tuning_for
 from humming_gen.targets import get_target
 from moe_host import CXX, check_schedule_and_gather, ws_moe_plans
 from symbols import declaration_mismatches
@@ -259,3 +259,18 @@ def test_prefetched_chunk_rows_of_unweighted_routed_gemm1(scheme: str, activatio
         r = kernel.resources
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
         assert "warning" not in kernel.compiled.log, (kernel.name, kernel.compiled.log)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w4a8-mxfp4-fp8", "w8a8-fp8-block128", "w8a8-fp8-channel"])
+def test_wider_token_tiles_compile_without_spills(scheme: str) -> None:
+    """Token tiles of 144 and 160 (tests/gpu/test_moe_token_tiles_gpu.py) on DeepSeek-V3's per-rank GEMMs: the
+    consumers' accumulators and the routed stores' lookups fit their registers (8-bit: the 192-token tile spills
+    beside fp8 channel / block scales)."""
+    plans = []
+    for n, k, compute in ((512, 7168, ComputeConfig(gemm="indexed")), (7168, 256, WEIGHTED)):
+        layer = LayerConfig(n=n, k=k, scheme=scheme, num_experts=256)
+        plans += [compose(layer, compute, moe_tuning_for(layer, SM90, bm), SM90) for bm in (144, 160)]
+    for kernel in build_many(plans):
+        r = kernel.resources
+        assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
+        assert kernel.plan.tuning.block_m in (144, 160)
