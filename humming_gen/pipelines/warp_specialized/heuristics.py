@@ -104,7 +104,13 @@ def restaged(layer: LayerConfig, target: Target, tuning: TuningConfig, **changes
 # routing about half the experts pass their mean and a 32-token tile reads their weights twice (Qwen3-30B-A3B
 # M = 512: W4A16 307.3 -> 272.3, W4A8 335.2 -> 321.6; DeepSeek-V3 per rank M = 1024: W4A16 730.5 -> 667.8, W4A8
 # 953.8 -> 892.6); at 64 rows 64- and 128-token tiles tie (458.3 / 457.1, 531.8 / 529.3), at 128 and 256 rows 128
-# wins.
+# wins. Wider tiles pad less (at 128 rows per expert, random routing puts half the experts past one 128-token tile:
+# 1.48 tiles an expert, 1.07 of 144 tokens, 1.00 of 160) but hold fewer stages; measured 2026-12-02 (whole layer,
+# us, tiles 128 / 144 / 160): Qwen3 W4A16 at 128 rows 545.2 / 506.5 / 538.6, 256 rows 866.8 / 845.3 / 959.5, 512
+# rows 1537.8 / 1647.7 / 1765.8; Qwen3 fp8 block128 at 128 rows 651.3 / 623.8 / 621.5, 256 rows 1089.7 / 1097.8 /
+# 1126.5; Qwen3 W4A8 at 128 rows 534.7 / 532.7 / 526.9, 256 rows 843.5 / 938.8 / 987.1; DeepSeek-V3 W4A16 at 128
+# rows 1363.6 / 1473.0 / 1421.2, 256 rows 2311.3 / 2573.4 / 2742.5. A few percent at 128 rows on Qwen3, losses
+# elsewhere: 128 stays (tests/gpu/test_moe_token_tiles_gpu.py checks the wider tiles' values).
 MOE_BUCKETS = ((8, 8), (16, 16), (64, 64), (None, 128))
 
 
