@@ -1,6 +1,7 @@
 """Weight group scales of the standard pipeline's 8-bit-activation kernels staged through shared memory
-(pipelines.standard.compose_a8.STAGE_WEIGHT_SCALES, on by default: WeightScalesCpAsync copies a stage's kWScaleRows fp32
-rows beside its weight tile, each promotion reads its warp slice's scales from there instead of from global memory).
+(pipelines.standard.compose_a8.STAGE_WEIGHT_SCALES, on by default: WeightScalesCpAsync copies a stage's kWScaleRows
+fp32 rows beside its weight tile, each promotion reads its warp slice's scales from there instead of from global
+memory).
 
 - Which layers stage (group k sides that divide block_k or are multiples of it; not int4 x int4), the shared memory
   the heuristics and compose count, the kernel name (`_wss`), and that the switch off renders no staging.

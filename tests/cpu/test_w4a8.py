@@ -20,7 +20,6 @@ import torch
 import humming_gen as hg
 from humming_gen.codegen import compose
 from humming_gen.codegen.render import environment
-from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K32_8BIT as ATOM
 from humming_gen.components.numeric.nibble8 import NibbleToE4m3, NibbleToInt8
 from humming_gen.config import ComputeConfig, LayerConfig
@@ -28,6 +27,7 @@ from humming_gen.formats import dtype
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build
 from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.pipelines.weights import prepare_weight
 from humming_gen.schemes.packing import BLayoutNibble8, pack_nibbles8, unpack_nibbles8
 from humming_gen.targets import get_target

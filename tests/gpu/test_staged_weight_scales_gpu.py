@@ -1,9 +1,10 @@
 """The standard pipeline's 8-bit-activation kernels with their weight group scales read either way: staged through
 shared memory (pipelines.standard.compose_a8.STAGE_WEIGHT_SCALES, the default, `_wss`) or from global memory at each
 promotion (the switch off; still the path of group k sides that neither divide block_k nor are multiples of it).
-CPU tests: tests/cpu/test_staged_weight_scales.py. On the GPU against the float64 references: dense layers on every bucket of the standard pipeline (split-K ones
-included; odd N and K, fp16 with a bias), and QuantMoE's routed GEMMs on the standard pipeline (MXFP4 group-32 and
-DeepSeek-style 128 x 128 block scales, ragged routing). Tolerances and checks are the unstaged kernels' tests'."""
+CPU tests: tests/cpu/test_staged_weight_scales.py. On the GPU against the float64 references: dense layers on
+every bucket of the standard pipeline (split-K ones included; odd N and K, fp16 with a bias), and QuantMoE's routed
+GEMMs on the standard pipeline (MXFP4 group-32 and DeepSeek-style 128 x 128 block scales, ragged routing).
+Tolerances and checks are those of the default kernels' tests."""
 
 from __future__ import annotations
 
