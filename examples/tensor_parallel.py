@@ -58,6 +58,10 @@ def main() -> None:
     if distributed:
         import torch.distributed as dist
 
+        if not gpu:
+            raise SystemExit(f"examples/tensor_parallel.py: {world} processes (torchrun) need a CUDA GPU each; "
+                             f"without a GPU run it as one process (python examples/tensor_parallel.py), which "
+                             f"builds the shards' kernels only")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group("nccl")
     shards = world if distributed else 2  # single process: check a 2-way split locally

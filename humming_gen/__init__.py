@@ -56,7 +56,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+# Subpackages the docs reach through the top-level module (`hg.heuristics.choose_tunings`), imported on first use too
+_SUBPACKAGES = frozenset({"activation", "bench", "codegen", "components", "config", "formats", "heuristics", "layer",
+                          "moe", "pipelines", "reference", "runtime", "schemes", "targets", "tuning"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"humming_gen.{name}")
     target = _EXPORTS.get(name)
     if target is None:
         raise AttributeError(f"module 'humming_gen' has no attribute {name!r}")

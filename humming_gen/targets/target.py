@@ -170,7 +170,8 @@ class Target:
 
         if not torch.cuda.is_available():
             raise RuntimeError("Target.current(): torch sees no CUDA device (torch.cuda.is_available() is False); "
-                               "pick a target by name instead, e.g. humming_gen.targets.get_target('sm_90a')")
+                               "pass the target by name instead: target='sm_90a' (with device='cpu' to build a "
+                               "layer on the CPU), or humming_gen.get_target('sm_90a')")
         index = torch.cuda.current_device() if device is None else torch.device(device).index
         props = torch.cuda.get_device_properties(0 if index is None else index)
         return cls.from_device_properties(props)

@@ -149,3 +149,16 @@ def test_tune_times_the_compute_type_quantlinear_runs(capsys, scheme, target, ac
         assert rc == 0, err
     if scheme.startswith("w4a4"):  # strict tunes the emulated int4 MMA, as QuantLinear(strict=True) runs it
         assert "act=int4/token" in next(line for line in out.splitlines() if line.startswith("layer"))
+
+
+def test_subpackages_resolve_through_the_top_level_module():
+    """README's `hg.heuristics.choose_tunings(...)` in a fresh interpreter, where nothing has imported the
+    subpackage yet; unknown names still raise AttributeError."""
+    code = ("import humming_gen as hg, pathlib\n"
+            "root = pathlib.Path(hg.__file__).parent\n"
+            "names = sorted(p.name for p in root.iterdir() if (p / '__init__.py').exists())\n"
+            "assert all(getattr(hg, n).__name__ == 'humming_gen.' + n for n in names), names\n"
+            "assert callable(hg.heuristics.choose_tunings) and callable(hg.targets.get_target)\n"
+            "try:\n    hg.no_such_name\nexcept AttributeError:\n    print('OK', len(names))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stderr
