@@ -53,6 +53,26 @@ def test_bits_pack_matches_bitstring(b):
     assert torch.equal(bits.unpack(words.T.contiguous(), b, 64, dim=0).T.to(torch.int64), codes)
 
 
+@pytest.mark.parametrize("b", range(1, 9))
+@pytest.mark.parametrize("word", [torch.uint8, torch.int8, torch.int32], ids=["uint8", "int8", "int32"])
+def test_bits_unpack_of_every_word_type_and_a_partial_last_word(b, word):
+    """unpack's two paths (fields that never straddle a word, shifted out in the word's width; the general int64
+    path) against the bit string, with a count that ends inside the last word."""
+    torch.manual_seed(b)
+    count = 61
+    codes = torch.randint(0, 1 << b, (3, count))
+    wb = 8 if word != torch.int32 else 32
+    acc = [sum(c << (i * b) for i, c in enumerate(row.tolist())) for row in codes]
+    n_words = math.ceil(count * b / wb)
+    unsigned = np.array([[(a >> (wb * w)) & ((1 << wb) - 1) for w in range(n_words)] for a in acc],
+                        dtype=np.uint8 if wb == 8 else np.uint32)
+    words = torch.from_numpy(unsigned.view({torch.uint8: np.uint8, torch.int8: np.int8, torch.int32: np.int32}[word]))
+    assert torch.equal(bits.unpack(words, b, count).to(torch.int64), codes)
+    assert torch.equal(bits.unpack(words.T.contiguous(), b, count, dim=0).T.to(torch.int64), codes)
+    with pytest.raises(ValueError, match="cannot hold"):
+        bits.unpack(words, b, n_words * wb // b + 1)
+
+
 def test_autogptq_3bit_loop_matches_bits_pack():
     """AutoGPTQ's explicit 3-bit packer (qlinear_cuda_old.pack, reproduced): 10 codes, a straddling code,
     10 codes, a straddling code, 10 codes per 3 words; codes 10 and 21 straddle."""
