@@ -88,7 +88,8 @@ build = {} if gpu else dict(target="sm_90a", device="cpu")
 moe = experts.to_layer(dtype=torch.bfloat16, **build)
 print(f"QuantMoE: {moe.extra_repr()}")
 if not gpu:
-    print(f"no GPU here: built the kernels of {len(moe.buckets)} buckets for sm_90a; run this on a GPU to generate")
+    print(f"no GPU here: built the kernels of {len(moe.buckets)} buckets for sm_90a; run this on a GPU to run the "
+          f"layer and compare it with the reference")
     raise SystemExit(0)
 
 y = moe(x, topk_weights, topk_ids)  # humming_gen::fused_moe: routing, GEMM1 + swiglu, GEMM2, top-k sum
