@@ -96,6 +96,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
         except (ValueError, TypeError) as e:
             raise ValueError(e if str(e).startswith("--tuning") else f"--tuning: {e}") from None
     else:
+        if args.m < 1:
+            raise ValueError(f"--m {args.m}: the rows the kernel is tuned for must be at least 1")
         tuning = choose_tunings(layer, target).for_m(args.m)
     source = generate(compose(layer, ComputeConfig(), tuning, target), args.compiler)
     if args.output == "-":

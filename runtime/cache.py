@@ -162,10 +162,26 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+def _cuda_tool(name: str) -> str | None:
+    """`name` on PATH, else in a bin folder of the NVIDIA CUDA wheels (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm
+    put theirs in site-packages/nvidia/cu13/bin, which is not on PATH)."""
+    import importlib.util
+
+    exe = shutil.which(name)
+    if exe is not None:
+        return exe
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for candidate in sorted(Path(root).glob(f"*/bin/{name}")):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
 def _sass(cubin_path: Path) -> str | None:
     """Disassemble a cubin with cuobjdump (or nvdisasm); None when neither tool is installed."""
     for tool, args in (("cuobjdump", ["-sass"]), ("nvdisasm", [])):
-        exe = shutil.which(tool)
+        exe = _cuda_tool(tool)
         if exe is None:
             continue
         try:

@@ -35,6 +35,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     (["--tuning", '{"block_m": 16, "block_n": 128, "block_k": 128, "warps_n": 2, "warps_k": 2, "stages": 1}'],
      ["--tuning: TuningConfig.stages: got 1", "at least 2"]),
     (["-o", "/nonexistent/dir/x.cu"], ["-o/--output: cannot write '/nonexistent/dir/x.cu'", "No such file"]),
+    (["--m", "0"], ["--m 0: the rows the kernel is tuned for must be at least 1"]),
 ])
 def test_emit_errors_are_one_line_naming_the_option(capsys, argv, fragments):
     rc, out, err = _run(capsys, "emit", "--n", "4096", "--k", "4096", *argv)

@@ -334,6 +334,29 @@ def test_disk_false_and_env_cache_dir(calls: Calls, tmp_path: Path) -> None:
     assert _entry(cache).is_relative_to(tmp_path / "env-cache") and _entry(cache).is_dir()
 
 
+def test_disassemblers_are_found_in_the_cuda_wheels_bin_folder(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """HUMMING_GEN_DUMP's SASS: cuobjdump on PATH, else where the nvidia-cuda-cuobjdump wheel puts it
+    (site-packages/nvidia/cu13/bin, not on PATH); a file there that is not executable does not count."""
+    import importlib.util
+    import types
+
+    from humming_gen.runtime import cache as cache_mod
+
+    tool = tmp_path / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path / "nvidia")])
+    monkeypatch.setattr(cache_mod.shutil, "which", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "nvidia" else None)
+    assert cache_mod._cuda_tool("cuobjdump") is None  # not executable yet
+    tool.chmod(0o755)
+    assert cache_mod._cuda_tool("cuobjdump") == str(tool)
+    assert cache_mod._cuda_tool("nvdisasm") is None
+    monkeypatch.setattr(cache_mod.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert cache_mod._cuda_tool("cuobjdump") == "/usr/bin/cuobjdump"  # PATH first
+
+
 def test_dump_writes_ptx(calls: Calls, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HUMMING_GEN_DUMP", "1")
     cache = KernelCache(cache_dir)
