@@ -7,6 +7,7 @@ Names are imported on first use, so `import humming_gen.runtime` (or the CLI) st
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -56,16 +57,12 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-# Subpackages the docs reach through the top-level module (`hg.heuristics.choose_tunings`), imported on first use too
-_SUBPACKAGES = frozenset({"activation", "bench", "codegen", "components", "config", "formats", "heuristics", "layer",
-                          "moe", "pipelines", "reference", "runtime", "schemes", "targets", "tuning"})
-
-
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"humming_gen.{name}")
     target = _EXPORTS.get(name)
     if target is None:
+        # a subpackage the docs reach through the top-level module (`hg.heuristics.choose_tunings`)
+        if name.isidentifier() and importlib.util.find_spec(f"humming_gen.{name}") is not None:
+            return importlib.import_module(f"humming_gen.{name}")
         raise AttributeError(f"module 'humming_gen' has no attribute {name!r}")
     module_name, attr = target if isinstance(target, tuple) else (target, name)
     value = getattr(importlib.import_module(module_name), attr)
