@@ -6,7 +6,7 @@ Usage: python bench/a8_small_sweep.py [preset,...] [M,...]"""
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import attrs
 import torch
@@ -20,8 +20,13 @@ from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.standard import compose_a8 as standard_a8
 from humming_gen.targets import Target
 
-presets = (sys.argv[1] if len(sys.argv) > 1 else "w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128").split(",")
-ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1,16").split(",")]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("presets", nargs="?", default="w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128",
+                    help="comma-separated presets (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1,16", help="comma-separated M (default: %(default)s)")
+args = parser.parse_args()
+presets = args.presets.split(",")
+ms = [int(v) for v in args.ms.split(",")]
 # None: the heuristics' own bucket; the dicts: TuningConfig fields over the standard pipeline's bucket
 VARIANTS = [None, dict(), dict(f16_mma=False), dict(split_k=8), dict(split_k=2), dict(stages=4),
             dict(ctas_per_sm=1, stages=4),

@@ -7,7 +7,7 @@ Usage: python a8_sweep.py [preset,...] [M,...] [tiles|cluster|acluster|wide|over
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import attrs
 import torch
@@ -22,9 +22,17 @@ from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, restaged, weight_multicast
 from humming_gen.targets import Target
 
-MODE = sys.argv[3] if len(sys.argv) > 3 else "tiles"
-presets = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
-ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1024,4096").split(",")]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("presets", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
+                    help="comma-separated presets (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1024,4096", help="comma-separated M (default: %(default)s)")
+parser.add_argument("mode", nargs="?", default="tiles",
+                    choices=["tiles", "cluster", "acluster", "wide", "overlap", "small"],
+                    help="which variants to time (default: %(default)s)")
+args = parser.parse_args()
+MODE = args.mode
+presets = args.presets.split(",")
+ms = [int(v) for v in args.ms.split(",")]
 VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
                       dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
                       dict(block_m=160, raster="n_major")],  # {}: the heuristics' own

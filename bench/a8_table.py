@@ -4,15 +4,21 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import eager_time_us, graph_time_us
 
-formats = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-fp8-block128,w4a8-mxfp4-fp8").split(",")
-ms = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64,256,1024,4096,8192").split(",")]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-fp8-block128,w4a8-mxfp4-fp8",
+                    help="comma-separated presets (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192",
+                    help="comma-separated M (default: %(default)s)")
+args = parser.parse_args()
+formats = args.formats.split(",")
+ms = [int(v) for v in args.ms.split(",")]
 n = k = 8192
 torch.manual_seed(0)
 print("| format | " + " | ".join(f"M={m}" for m in ms) + " | eager M=1 | eager M=16 |")

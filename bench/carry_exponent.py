@@ -8,6 +8,7 @@ Usage: python bench/carry_exponent.py [dense M list] [MoE M list]"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -18,8 +19,14 @@ from humming_gen.pipelines import common
 from humming_gen.pipelines.standard import compose as standard_compose
 from moe_bench import quantize_experts
 
-DENSE_M = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024,4096").split(",") if v]
-MOE_M = [int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "16,128,1024").split(",") if v]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("dense_m", nargs="?", default="1,16,256,1024,4096",
+                    help="comma-separated M of the dense layers, '' for none (default: %(default)s)")
+parser.add_argument("moe_m", nargs="?", default="16,128,1024",
+                    help="comma-separated M of the MoE layer, '' for none (default: %(default)s)")
+args = parser.parse_args()
+DENSE_M = [int(v) for v in args.dense_m.split(",") if v]
+MOE_M = [int(v) for v in args.moe_m.split(",") if v]
 # (name, carried exponent, split-K column factors preloaded: pipelines.standard.compose.PRELOAD_SPLIT_K_FACTORS)
 VARIANTS = (("carried", True, False), ("multiply", False, False), ("carried+preload", True, True))
 

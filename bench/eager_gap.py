@@ -3,15 +3,18 @@ M = 1): the host work of a forward call (activation quantization, launches, chec
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import eager_time_us, graph_time_us
 
-FORMATS = (sys.argv[1] if len(sys.argv) > 1 else
-           "w4a16-int4-g128,w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128,w4a8-mxfp4-fp8").split(",")
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("formats", nargs="?",
+                    default="w4a16-int4-g128,w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128,w4a8-mxfp4-fp8",
+                    help="comma-separated presets (default: %(default)s)")
+FORMATS = parser.parse_args().formats.split(",")
 n = k = 8192
 torch.manual_seed(0)
 print("| format | M | graph us | eager us | eager - graph |\n|---|---|---|---|---|")

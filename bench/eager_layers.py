@@ -3,7 +3,7 @@ synchronize) against the wall time per call (after it), and the graph time. Host
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import torch
@@ -11,7 +11,9 @@ import torch
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
 
-name = sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel"
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("preset", nargs="?", default="w8a8-fp8-channel", help="the layers' preset (default: %(default)s)")
+name = parser.parse_args().preset
 layers = [hg.QuantLinear.from_quantized(hg.scheme(name).quantize(torch.randn(8192, 8192, device="cuda") * 0.02))
           for _ in range(4)]
 x = torch.randn(1, 8192, device="cuda").bfloat16()

@@ -7,6 +7,7 @@ and the Python functions that cost most (cProfile), per format. Companion of eag
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import sys
@@ -16,8 +17,11 @@ from torch.profiler import ProfilerActivity, profile
 
 import humming_gen as hg
 
-FORMATS = (sys.argv[1] if len(sys.argv) > 1 else
-           "w4a16-int4-g128,w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("formats", nargs="?",
+                    default="w4a16-int4-g128,w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
+                    help="comma-separated presets (default: %(default)s)")
+FORMATS = parser.parse_args().formats.split(",")
 CALLS = 200
 torch.manual_seed(0)
 for name in FORMATS:

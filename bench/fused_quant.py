@@ -6,7 +6,7 @@ whether the fused output equals the unfused one bitwise. Usage: python bench/fus
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import attrs
 import torch
@@ -15,7 +15,10 @@ import humming_gen as hg
 from humming_gen.bench.timing import eager_time_us, graph_time_us
 from humming_gen.pipelines.base import TuningPlan
 
-FORMATS = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel").split(",")
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel",
+                    help="comma-separated presets (default: %(default)s)")
+FORMATS = parser.parse_args().formats.split(",")
 n = k = 8192
 torch.manual_seed(0)
 print("| format | M | path | graph us | eager us | eager - graph | bitwise equal |\n|---|---|---|---|---|---|---|")

@@ -10,7 +10,7 @@ the MXFP8 x MXFP4 kernel, at the bf16 tensor rate, no per-group promotion."""
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -26,9 +26,15 @@ from humming_gen.targets import Target
 ACTIVATIONS = {"fp8 per token": hg.ActivationScheme("float8e4m3", granularity="token"),
                "fp8 group-32": hg.ActivationScheme("float8e4m3", granularity="group", group_size=32),
                "MXFP8": hg.ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0")}
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--variants", action="store_true",
+                    help="each activation also without the overlapped promotion, with 128-token tiles and (MXFP8) "
+                         "its e8m0 scales read from global memory")
+parser.add_argument("--bf16-emulation", action="store_true", help="MXFP8 also as its exact bf16 emulation (a probe)")
+args = parser.parse_args()
 VARIANTS = ({"": {}, " (one set)": {"overlap": False}, " t128": {"block_m": 128},
              " read": {"stage_e8m0": False, "block_m": 64}, " read t128": {"stage_e8m0": False, "block_m": 128}}
-            if "--variants" in sys.argv else {"": {}})
+            if args.variants else {"": {}})
 M = 4096
 torch.manual_seed(0)
 target = Target.current()
@@ -55,7 +61,7 @@ def applies(act: hg.ActivationScheme, variant: dict) -> bool:
     return "stage_e8m0" not in variant or act.scale_dtype.name == "float8e8m0"
 
 
-EMULATE = "--bf16-emulation" in sys.argv
+EMULATE = args.bf16_emulation
 
 
 def mx_dequantized(x: torch.Tensor, act: hg.ActivationScheme) -> torch.Tensor:

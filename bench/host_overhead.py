@@ -15,6 +15,7 @@ takes the direct path in plain eager calls (humming_gen/layer/eager.py), so the 
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import contextlib
 import pstats
@@ -118,7 +119,11 @@ def _gemm_body(layer, x):
 
 
 def main() -> None:
-    calls = int(next((a for a in sys.argv[1:] if a.isdigit()), 2000))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("calls", nargs="?", type=int, default=2000, help="calls per timing (default: %(default)s)")
+    parser.add_argument("--profile", action="store_true", help="also cProfile each case's forward calls")
+    args = parser.parse_args()
+    calls = args.calls
     torch.set_num_threads(1)  # the torch ops' arithmetic on one thread: less noise
     stub_driver()
     built = cases()
@@ -127,7 +132,7 @@ def main() -> None:
         with contextlib.suppress(Exception):
             body()
         print(f"| {name} | {per_call_us(forward, calls):.1f} | {per_call_us(body, calls):.1f} |", flush=True)
-    if "--profile" in sys.argv:
+    if args.profile:
         for name, forward, _ in built:
             print(f"\n=== {name}")
             prof = cProfile.Profile()

@@ -3,17 +3,21 @@ inputs and routing at small M, over many seeds (tests/gpu/test_quant_moe_a8_ws.p
 an error above LAYER_TOLERANCE is the re-quantized intermediate's code flips, which both pipelines show alike, or
 the warp-specialized kernels' own.
 
-    cd tests/gpu && python ../../bench/moe_a8_flips.py
+    python bench/moe_a8_flips.py        (from any directory)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, ".")
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS / "gpu"), str(TESTS)]  # the GPU tests' layers and their moe_cases, from any cwd
 import humming_gen as hg  # noqa: E402
 from test_quant_moe import _rel  # noqa: E402
 from test_quant_moe_a8 import _reference  # noqa: E402

@@ -6,8 +6,8 @@ Usage: python bench/moe_kernel_times.py M scheme[,scheme...]   (env SHAPE="E,top
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -16,8 +16,12 @@ import humming_gen as hg
 
 
 def main() -> None:
-    m = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
-    schemes = (sys.argv[2] if len(sys.argv) > 2 else "w8a8-fp8-channel").split(",")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("m", nargs="?", type=int, default=4096, help="tokens (default: %(default)s)")
+    parser.add_argument("schemes", nargs="?", default="w8a8-fp8-channel",
+                        help="comma-separated presets (default: %(default)s)")
+    args = parser.parse_args()
+    m, schemes = args.m, args.schemes.split(",")
     e, top_k, h, i = (int(v) for v in os.environ.get("SHAPE", "256,8,7168,256").split(","))
     torch.manual_seed(0)
     for scheme in schemes:

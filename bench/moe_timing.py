@@ -3,7 +3,7 @@ epilogue; a Qwen3-30B-A3B-sized layer (E = 128, H = 2048, I = 768, top-8), W4A16
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -11,6 +11,9 @@ import humming_gen as hg
 from bench_dense import graph_time_us
 
 E, H, I, TOP_K = 128, 2048, 768, 8
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("ms", nargs="?", default="1,16,256,1024", help="comma-separated M (default: %(default)s)")
+ms = [int(v) for v in parser.parse_args().ms.split(",")]
 torch.manual_seed(0)
 scheme = hg.scheme("w4a16-int4-g128")
 q13 = scheme.quantize(torch.randn(E, 2 * I, H, device="cuda") * 0.02)
@@ -18,7 +21,7 @@ q2 = scheme.quantize(torch.randn(E, H, I, device="cuda") * 0.02)
 layers = {name: hg.QuantMoE.from_quantized(q13, q2, fused_activation=fused)
           for name, fused in (("torch activation", False), ("fused activation", True))}
 print("| M | " + " | ".join(layers) + " |\n|---|---|---|")
-for m in [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,16,256,1024").split(",")]:
+for m in ms:
     x = torch.randn(m, H, device="cuda").bfloat16()
     weights, ids = torch.topk(torch.softmax(torch.randn(m, E, device="cuda"), -1), TOP_K, dim=-1)
     ids = ids.to(torch.int32)

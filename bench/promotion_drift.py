@@ -7,7 +7,7 @@ Usage: python promotion_drift.py [K,...] (timing: N = K = 8192, M = 4096, graph 
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -19,7 +19,10 @@ from humming_gen.pipelines.warp_specialized.heuristics import restaged
 from humming_gen.reference import reference_gemm
 
 INTERVALS = (32, 64, 128, 256)
-ks = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1024,8192,32768").split(",")]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("ks", nargs="?", default="1024,8192,32768",
+                    help="comma-separated K of the error table (default: %(default)s)")
+ks = [int(v) for v in parser.parse_args().ks.split(",")]
 torch.manual_seed(0)
 scheme = hg.scheme("w8a8-fp8-channel")
 

@@ -4,12 +4,15 @@ warp-specialized, MXFP8 scales) and 8-bit MoE layers (W8A8: the warp-specialized
 the standard pipeline's 8-bit MoE kernels below 17 rows per expert). Prints the worst relative error and the
 pipelines run."""
 
+import argparse
+
 import torch
 
 import humming_gen as hg
 from humming_gen.reference import reference_gemm
 from humming_gen.reference.moe import reference_fused_moe
 
+argparse.ArgumentParser(description=__doc__).parse_args()  # no options: --help, and refuses stray arguments
 torch.manual_seed(0)
 worst, pipelines = 0.0, set()
 

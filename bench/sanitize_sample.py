@@ -6,7 +6,7 @@ persistent grid (more units than SMs)); 8-bit activations on both pipelines, two
 stages, group-32 activation scales, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
 also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
-import sys
+import argparse
 
 import attrs
 import torch
@@ -36,10 +36,13 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
                activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32)), 576, 1024, True,
           (300,))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--clusters-only", action="store_true", help="the cluster and W4A4 cases alone")
+CLUSTERS_ONLY = parser.parse_args().clusters_only
 
 worst = 0.0
 pipelines = set()
-for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if "--clusters-only" not in sys.argv else []):
+for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if not CLUSTERS_ONLY else []):
     dtype = DTYPES.get(i, torch.bfloat16)
     scheme = hg.scheme(kwargs) if isinstance(kwargs, str) else hg.QuantScheme(**kwargs)
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
@@ -53,7 +56,7 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if "--clusters-only" not i
         worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
 
 # split-K slices that wait for each other across waves of the persistent grid
-if "--clusters-only" not in sys.argv:
+if not CLUSTERS_ONLY:
     qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(1024, 4096, device="cuda") * 0.05)
     tuning = attrs.evolve(hg.QuantLinear.from_quantized(qw).tunings.for_m(600), split_k=8)
     layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))

@@ -5,7 +5,7 @@ standard pipeline at M <= 16, the table in heuristics/choose.py). Usage: python 
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -13,8 +13,14 @@ import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 
-FORMATS = (sys.argv[1] if len(sys.argv) > 1 else "w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128").split(",")
-MS = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64,256,1024,4096,8192").split(",")]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
+                    help="comma-separated presets (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192",
+                    help="comma-separated M (default: %(default)s)")
+args = parser.parse_args()
+FORMATS = args.formats.split(",")
+MS = [int(m) for m in args.ms.split(",")]
 n = k = 8192
 torch.manual_seed(0)
 print("| format | plan | " + " | ".join(f"M={m}" for m in MS) + " |\n|---|---|" + "---|" * len(MS))

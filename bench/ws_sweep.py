@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -27,9 +27,12 @@ CANDIDATES = {
     64: [ws(64, 128, 4, 6), ws(64, 64, 4, 8), ws(64, 128, 3, 6), ws(64, 128, 4, 6, wg=1)],
 }
 
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("weight", nargs="?", default="int4", help="the weight dtype, group 128 (default: %(default)s)")
+args = parser.parse_args()
 torch.manual_seed(0)
 n = k = 8192
-scheme = hg.QuantScheme(**dict(weight=sys.argv[1] if len(sys.argv) > 1 else "int4", group_size=128))
+scheme = hg.QuantScheme(weight=args.weight, group_size=128)
 qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(8)]
 for m, cands in CANDIDATES.items():
     x = torch.randn(m, k, device="cuda").bfloat16()
