@@ -113,20 +113,28 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """Describe the kernels a QuantLinear of the layer runs on the target: the compute-type fallback where the
+    scheme's own activations have no kernel there (saying so), refused only where no kernel runs at all."""
     from humming_gen.codegen import compose
     from humming_gen.config import ComputeConfig
     from humming_gen.heuristics import choose_tunings
     from humming_gen.kernel import build_many
     from humming_gen.targets import get_target
 
-    layer = _layer(args)
+    requested = _layer(args)
     target = get_target(args.target)
+    layer, choice = _runs_as(args, requested, target, "inspect")
     plan = choose_tunings(layer, target)
+    plans = {t: compose(layer, ComputeConfig(), t, target) for t in plan.tunings()}
+    kernels = dict(zip(plans, build_many(list(plans.values()), compiler=args.compiler)))
+    if choice is not None and choice.reasons:
+        act = requested.scheme.activation.dtype.name
+        print(f"fallback: {act} activations do not run on {target.name} ({choice.reasons[0]}); these are the "
+              f"kernels of {choice.compute_dtype} activations, which a QuantLinear of this scheme runs with the "
+              f"weights unchanged (--strict shows the scheme's own kernels where they exist)")
     print(layer.summary())
     print(ComputeConfig().summary())
     print(f"target  {target.name}")
-    plans = {t: compose(layer, ComputeConfig(), t, target) for t in plan.tunings()}
-    kernels = dict(zip(plans, build_many(list(plans.values()), compiler=args.compiler)))
     lo = 1
     for m_max, tuning in plan.buckets:
         kernel = kernels[tuning]
@@ -169,35 +177,50 @@ def _tune_target(args: argparse.Namespace):
         raise ValueError(f"tune: {e}") from None
 
 
-def _tune_compute(args: argparse.Namespace, layer, target):
-    """`layer` with the activation scheme a QuantLinear of it runs on `target`: where the target has no kernel for
-    the scheme's quantized activations (e.g. fp8 on sm_80), the compute-type fallback of
-    humming_gen.layer.compute_type, so that the winners are stored under the key that QuantLinear looks up;
-    --strict refuses instead. A --layer-json layer is tuned as given."""
+def _runs_as(args: argparse.Namespace, layer, target, command: str):
+    """(`layer` with the activation scheme a QuantLinear of it runs on `target`, the ComputeChoice or None) for tune
+    and inspect, so that they work on the kernels QuantLinear runs: where the target has no kernel for the scheme's
+    quantized activations (e.g. fp8 on sm_80) or only emulates their MMA, the compute-type fallback of
+    humming_gen.layer.compute_type (as QuantLinear decides it); --strict refuses instead (and takes an emulated
+    MMA). A --layer-json layer, or one of 16-bit activations, is taken as given (None). ValueError where not even
+    the fallback has a kernel on the target."""
     import attrs
 
     from humming_gen.config import ComputeConfig
     from humming_gen.layer.compute_type import kernel_reasons, resolve
 
     if args.layer_json or layer.scheme.activation is None:
-        return layer
+        return layer, None
 
     def reasons(scheme) -> list[str]:
         return kernel_reasons(layer.n, layer.k, scheme, ComputeConfig(), target, has_bias=layer.has_bias,
                               dtype=layer.dtype, out_dtype=layer.out_dtype)
 
-    # --strict tunes an MMA the target emulates, as QuantLinear(strict=True) runs it
+    act = layer.scheme.activation.dtype.name
+    # --strict takes an MMA the target emulates, as QuantLinear(strict=True) runs it
     choice = resolve(layer.scheme, layer.dtype, target.name, reasons, strict=False, weight_only=False,
-                     who="humming-gen tune", log=False,
+                     who=f"humming-gen {command}", log=False,
                      emulated_mma=frozenset() if args.strict else target.emulated_mma)
     if choice.reasons and args.strict:
-        raise ValueError(f"--strict: {layer.scheme.activation.dtype.name} activations do not run on {target.name} "
-                         f"({choice.reasons[0]}); without --strict tune times the compute type a QuantLinear "
-                         f"falls back to")
+        raise ValueError(f"--strict: {act} activations do not run on {target.name} ({choice.reasons[0]}); without "
+                         f"--strict {command} takes the compute type a QuantLinear falls back to")
     if choice.reasons:
+        fallback_reasons = reasons(choice.scheme)
+        if fallback_reasons:  # resolve's last resort (16-bit activations) is not checked there
+            raise ValueError(f"no kernel of this scheme runs on {target.name}: not its {act} activations "
+                             f"({choice.reasons[0]}), nor the {choice.compute_dtype} activations a QuantLinear "
+                             f"falls back to ({fallback_reasons[0]})")
+    return attrs.evolve(layer, scheme=choice.scheme), choice
+
+
+def _tune_compute(args: argparse.Namespace, layer, target):
+    """`layer` as a QuantLinear of it runs on `target` (_runs_as), so that the winners are stored under the key
+    that QuantLinear looks up; says so where that is a compute-type fallback."""
+    runs, choice = _runs_as(args, layer, target, "tune")
+    if choice is not None and choice.reasons:
         print(f"{layer.scheme.activation.dtype.name} activations do not run on {target.name} ({choice.reasons[0]}); "
               f"tuning {choice.compute_dtype} activations, as a QuantLinear of this scheme runs (--strict refuses)")
-    return attrs.evolve(layer, scheme=choice.scheme)
+    return runs
 
 
 def _tune_fold(args: argparse.Namespace, layer, target):
@@ -375,8 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     emit.add_argument("--tuning", help="a TuningConfig as JSON, instead of the heuristic choice")
     emit.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     emit.set_defaults(func=cmd_emit)
-    inspect = sub.add_parser("inspect", help="configs, per-M tuning and ptxas figures of a layer's kernels")
+    inspect = sub.add_parser("inspect", help="configs, per-M tuning and ptxas figures of a layer's kernels (those "
+                             "a QuantLinear runs: the compute-type fallback where the scheme's activations have no "
+                             "kernel on the target)")
     _common(inspect)
+    inspect.add_argument("--strict", action="store_true", help="the scheme's own kernels: refuse a scheme whose "
+                         "quantized activations have no kernel on the target, instead of showing the compute type a "
+                         "QuantLinear falls back to (e.g. w4a4-nvfp4 on sm_90a: bfloat16 activations), and show an "
+                         "MMA the target emulates (QuantLinear(strict=True))")
     inspect.set_defaults(func=cmd_inspect)
     presets = sub.add_parser("presets", help="list the scheme presets and whether their kernels are generated")
     presets.add_argument("--target", default=DEFAULT_TARGET, help=f"arch string (default {DEFAULT_TARGET})")

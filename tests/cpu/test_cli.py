@@ -1,5 +1,6 @@
 """The humming-gen command: errors in one line naming the option, custom formats, replayable headers, presets
-that say whether they generate, a --help that does not import torch, --version, the layer `tune` times (fold)."""
+that say whether they generate, a --help that does not import torch, --version, the layer `tune` times (fold), the
+kernels `inspect` describes (the compute-type fallback)."""
 
 from __future__ import annotations
 
@@ -150,6 +151,42 @@ def test_tune_times_the_compute_type_quantlinear_runs(capsys, scheme, target, ac
         assert rc == 0, err
     if scheme.startswith("w4a4"):  # strict tunes the emulated int4 MMA, as QuantLinear(strict=True) runs it
         assert "act=int4/token" in next(line for line in out.splitlines() if line.startswith("layer"))
+
+
+@pytest.mark.parametrize("scheme,target,act,fallback", [
+    ("w4a4-nvfp4", "sm_90a", "act=16-bit", "float4e2m1 activations do not run on sm_90a"),  # no fp4 MMA yet
+    ("w8a8-fp8-channel", "sm_80", "act=16-bit", "float8e4m3 activations do not run on sm_80"),  # no fp8 MMA
+    ("w8a8-int8-channel", "sm_80", "act=int8/token", None),  # the scheme's own kernels
+])
+def test_inspect_describes_the_kernels_quantlinear_runs(capsys, monkeypatch, tmp_path, scheme, target, act, fallback):
+    """Where `presets` shows a fallback (`as bfloat16`), inspect describes the fallback's kernels and says so,
+    rather than refusing the scheme; the compute type is the one presets names."""
+    from humming_gen.cli import preset_fallback
+
+    monkeypatch.setenv("HUMMING_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    rc, out, err = _run(capsys, "inspect", "--n", "256", "--k", "1024", "--scheme", scheme, "--target", target)
+    assert rc == 0, err
+    layer_line = next(line for line in out.splitlines() if line.startswith("layer"))
+    assert act in layer_line and "M 1.." in out and "registers=" in out, out
+    if fallback is None:
+        assert "fallback" not in out and preset_fallback(scheme, target) is None
+    else:
+        assert out.startswith(f"fallback: {fallback}") and "--strict shows the scheme's own" in out, out
+        assert f"kernels of {preset_fallback(scheme, target)} activations" in out, out
+
+
+def test_inspect_strict_and_no_path_refuse_in_one_line(capsys):
+    """--strict refuses the fallback; where not even the fallback has a kernel (sm_75: no cp.async), inspect
+    refuses naming both, before compiling anything."""
+    rc, out, err = _run(capsys, "inspect", "--n", "256", "--k", "1024", "--scheme", "w4a4-nvfp4", "--target",
+                        "sm_90a", "--strict")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "--strict: float4e2m1 activations do not run on sm_90a" in err
+    rc, out, err = _run(capsys, "inspect", "--n", "256", "--k", "1024", "--scheme", "w8a8-fp8-channel", "--target",
+                        "sm_75")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "no kernel of this scheme runs on sm_75: not its float8e4m3 activations" in err
+    assert "nor the bfloat16 activations a QuantLinear falls back to" in err
 
 
 def test_subpackages_resolve_through_the_top_level_module():
