@@ -1,5 +1,6 @@
 """Write a small compressed-tensors checkpoint of a 2-layer MLP, convert each layer with `load_layer`, and (with a
-GPU) run the converted layers through QuantLinear against the dequantized float reference.
+GPU) run the converted layers through QuantLinear against the dequantized float reference. Needs the safetensors
+package (pip install safetensors).
 
     python examples/convert_checkpoint.py
 """
@@ -7,11 +8,17 @@ GPU) run the converted layers through QuantLinear against the dequantized float 
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+try:
+    from safetensors.torch import save_file
+except ImportError as e:  # a message naming the package and its install command, not a traceback
+    sys.exit(f"convert_checkpoint.py: checkpoints are safetensors files and the safetensors package is missing ({e}); "
+             f"install it with: pip install safetensors")
 
 import humming_gen
 from humming_gen.schemes.converters import compressed_tensors, load_layer

@@ -30,3 +30,19 @@ def test_example_runs(script, expected, tmp_path):
     assert expected in result.stdout, result.stdout[-2000:]
     if script == "quickstart.py":
         assert [p.suffix for p in systmp.iterdir()] == [".cu"]  # the saved kernel, where TMPDIR points
+
+
+def test_convert_checkpoint_without_safetensors_says_how_to_install(tmp_path):
+    """Without safetensors (simulated: sys.modules['safetensors'] = None) the converter example names the missing
+    package and its pip command in one message, exits non-zero and prints no traceback."""
+    script = ROOT / "examples" / "convert_checkpoint.py"
+    code = ("import runpy, sys\n"
+            "sys.modules['safetensors'] = sys.modules['safetensors.torch'] = None\n"
+            f"sys.argv = [{str(script)!r}]\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUMMING_GEN_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert "safetensors" in result.stderr and "pip install safetensors" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
