@@ -24,7 +24,8 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
                                                      # warp-specialized ones from 17 rows per expert on, W8A8's all)
-    python bench/moe_bench.py --prefetch-chunk-rows  # the opt-in read-ahead of the routed stores' rows
+    python bench/moe_bench.py --ws-option PREFETCH_CHUNK_ROWS=0  # a switch of pipelines.warp_specialized.compose
+                                                                # set for the run (the default's before / after)
     python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
     python bench/moe_bench.py --split-k 1            # no split-K MoE bucket (default: the heuristic's, below one
                                                      # row per expert; e.g. DeepSeek gate-up at M <= 2)
@@ -76,6 +77,7 @@ class Model(NamedTuple):
 
 
 ALL_MS = (1, 16, 128, 1024, 4096)
+WS_OPTIONS = ("PREFETCH_CHUNK_ROWS",)  # pipelines.warp_specialized.compose switches for --ws-option
 MODELS = {
     "deepseek": Model("DeepSeek-V3 per rank (TP8)", 256, 8, 7168, 256, "silu_mul", "split", False,
                       {"w13": (1, 128, 4096), "w2": (1, 4096), "layer": ()},
@@ -155,10 +157,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every standard-pipeline bucket n ways (default: the heuristic's split bucket)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
-    p.add_argument("--prefetch-chunk-rows", action="store_true",
-                   help="pipelines.warp_specialized.compose.PREFETCH_CHUNK_ROWS: the indexed warp-specialized kernels' "
-                        "staged stores read each chunk's rows and router weights one chunk ahead (opt-in)")
+    p.add_argument("--ws-option", action="append", default=[], metavar="NAME=VALUE",
+                   help=f"set a switch of pipelines.warp_specialized.compose for the run, an int ({', '.join(WS_OPTIONS)}; "
+                        "repeatable), e.g. PREFETCH_CHUNK_ROWS=0")
     args = p.parse_args(argv)
+    options = {}
+    for item in args.ws_option:
+        name, _, value = item.partition("=")
+        if name not in WS_OPTIONS or not value.lstrip("-").isdigit():
+            p.error(f"--ws-option {item!r}: NAME=INT with NAME one of {', '.join(WS_OPTIONS)}")
+        options[name] = int(value)
+    args.ws_option = options
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.models if m not in MODELS]
     if bad or not args.models:
@@ -288,8 +297,8 @@ def format_tables(results: dict[str, Any]) -> str:
             mine = [r for r in rows if r["model"] == name and r["format"] == fmt and r["table"] == "gemm"]
             impls = [(key, label) for key, label in GEMM_IMPLS if any(r["impl"] == key for r in mine)] \
                 or list(GEMM_IMPLS[:5])  # nothing measured (--dry-run): the planned columns
-            prefetch = ", prefetch_chunk_rows" if results.get("prefetch_chunk_rows") else ""
-            lines += ["", f"### {head}, {fmt}: per GEMM, CUDA-graph us per layer (L = {results['layers']}{prefetch})",
+            options = "".join(f", {k}={v}" for k, v in results.get("ws_options", {}).items())
+            lines += ["", f"### {head}, {fmt}: per GEMM, CUDA-graph us per layer (L = {results['layers']}{options})",
                       "| GEMM | M | experts hit | copy limit | " + " | ".join(label for _, label in impls)
                       + " | Humming anchor |", "|---|---|---|---|" + "---|" * (len(impls) + 1)]
             for gemm in ("w13", "w2"):
@@ -354,7 +363,7 @@ def new_results(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]
     anchors, source = load_anchors(args.anchors)
     return {"schema": SCHEMA, "humming_gen": __version__, "torch": torch.__version__, "gpu": None, "driver": None,
             "layers": args.layers, "replays": args.replays, "copy_gbps": COPY_GBPS_H200, "anchors": anchors,
-            "prefetch_chunk_rows": args.prefetch_chunk_rows,
+            "ws_options": args.ws_option,
             "anchor_source": source, "plan": [{k: v for k, v in e.items() if k != "spec"} for e in entries],
             "rows": [], "skipped": []}
 
@@ -940,10 +949,11 @@ def run(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.prefetch_chunk_rows:
+    if args.ws_option:
         from humming_gen.pipelines.warp_specialized import compose as ws_compose
 
-        ws_compose.PREFETCH_CHUNK_ROWS = True
+        for name, value in args.ws_option.items():
+            setattr(ws_compose, name, type(getattr(ws_compose, name))(value))
     entries = plan(args)
     results = dry_run(args, entries) if args.dry_run else run(args, entries)
     write_json(results, args.out)

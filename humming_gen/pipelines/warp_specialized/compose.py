@@ -61,6 +61,15 @@ STAGING_BYTES = 2048  # per consumer warp: the token rows of its epilogue's chun
 # on the gate-up ones; the rest of the indexed / grouped gap is elsewhere. Kernel names unchanged (the source is the
 # cache key); False keeps program order (for measurements).
 PREFETCH_CHUNK_ROWS = True
+# Measured and not adopted (2026-12-02, H200, bench/moe_bench.py, W4A16 int4 g128, graph us per GEMM): token bands,
+# a 16-bit MoE unit's wgmmas covering its rows rounded up to 32 or 64 tokens (one main loop per band count, wgmma
+# N = 32 / 64 / 96 / 128) instead of the whole 128-token tile, since an expert's last m block is mostly padding
+# (1.48 blocks of 128 per expert at 128 rows). Band 0 / 64 / 32: DeepSeek-V3 gate-up M = 4096 grouped 544.6 / 540.9
+# / 524.8, indexed 665.3 / 632.3 / 616.6; Qwen3-30B-A3B gate-up M = 4096 grouped 372.7 / 385.4 / 386.1, indexed
+# 489.4 / 463.5 / 466.9; down GEMMs and M = 1024 level within 4 %. The padded wgmmas are not what bounds these
+# kernels (the per-weight dequantization is the same whatever N), and the copies of the main loop doubled NVRTC
+# time and made ptxas serialize the wgmmas ("insufficient register resources") in single-k-tile and zero-point /
+# bias kernels.
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
