@@ -336,7 +336,14 @@ def preset_status(name: str, target_name: str = DEFAULT_TARGET) -> str | None:
 
 def preset_fallback(name: str, target_name: str) -> str | None:
     """The compute type QuantLinear falls back to for preset `name` on the target (humming_gen.layer.compute_type)
-    when the scheme's own activations have no kernel there; None when nothing runs or no fallback is needed."""
+    when the scheme's own activations have no kernel there, or only one whose MMA the target emulates (int4 on
+    sm_90a); None when nothing runs or no fallback is needed."""
+    choice = _preset_choice(name, target_name)
+    return None if choice is None else choice.compute_dtype
+
+
+def _preset_choice(name: str, target_name: str):
+    """resolve()'s ComputeChoice for a fallback that has a kernel on the target, else None."""
     from humming_gen.layer.compute_type import resolve
     from humming_gen.schemes.presets import preset
     from humming_gen.targets import get_target
@@ -349,7 +356,7 @@ def preset_fallback(name: str, target_name: str) -> str | None:
                      emulated_mma=get_target(target_name).emulated_mma)
     if not choice.reasons or not _scheme_composes(choice.scheme, target_name):
         return None
-    return choice.compute_dtype
+    return choice
 
 
 def _scheme_composes(scheme, target_name: str) -> bool:
@@ -374,9 +381,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
           f"there, QuantLinear runs X activations with the weights unchanged (strict=True refuses); 'no' = the "
           f"scheme converts and quantizes, but its kernel is not generated yet")
     for name in list_presets():
+        # an emulated MMA (int4 on sm_90a) composes, but QuantLinear runs the fallback: say what runs
         reason = preset_status(name, args.target)
-        fallback = None if reason is None else preset_fallback(name, args.target)
-        status = "yes" if reason is None else f"as {fallback}" if fallback else "no "
+        choice = _preset_choice(name, args.target)
+        if choice is not None and choice.reasons[0] != "-":
+            reason = choice.reasons[0]
+        status = f"as {choice.compute_dtype}" if choice else "yes" if reason is None else "no "
         line = f"{name:22s} {status:11s}  {preset(name).summary()}"
         print(line if reason is None else f"{line}\n{'':36s}({reason})")
     return 0

@@ -82,6 +82,19 @@ def test_presets_say_which_cannot_be_generated(capsys):
     assert "quantized activations" in out
 
 
+def test_presets_name_the_fallback_of_an_emulated_mma(capsys):
+    """int4 x int4 composes on sm_90a, but ptxas emulates its MMA there and QuantLinear, tune and inspect run int8
+    activations: presets says so (on sm_80, with int4 tensor cores, the scheme's own kernel runs)."""
+    for target, status in (("sm_90a", " as int8 "), ("sm_80", " yes ")):
+        rc, out, _ = _run(capsys, "presets", "--target", target)
+        assert rc == 0
+        lines = out.splitlines()
+        i = next(i for i, line in enumerate(lines) if line.startswith("w4a4-int4-g128 "))
+        assert status in lines[i], lines[i]
+        if target == "sm_90a":
+            assert "ptxas emulates" in lines[i + 1], lines[i + 1]
+
+
 def test_help_does_not_import_torch_and_version():
     code = ("import sys\nfrom humming_gen.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
