@@ -342,6 +342,9 @@ def preset_fallback(name: str, target_name: str) -> str | None:
     return None if choice is None else choice.compute_dtype
 
 
+_UNCOMPOSED = "no kernel composes"  # _preset_choice's reason for a scheme preset_status then explains
+
+
 def _preset_choice(name: str, target_name: str):
     """resolve()'s ComputeChoice for a fallback that has a kernel on the target, else None."""
     from humming_gen.layer.compute_type import resolve
@@ -351,7 +354,8 @@ def _preset_choice(name: str, target_name: str):
     scheme = preset(name)
     if scheme.activation is None:
         return None
-    choice = resolve(scheme, "bfloat16", target_name, lambda s: [] if _scheme_composes(s, target_name) else ["-"],
+    choice = resolve(scheme, "bfloat16", target_name,
+                     lambda s: [] if _scheme_composes(s, target_name) else [_UNCOMPOSED],
                      strict=False, weight_only=False, who="presets", log=False,
                      emulated_mma=get_target(target_name).emulated_mma)
     if not choice.reasons or not _scheme_composes(choice.scheme, target_name):
@@ -384,7 +388,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
         # an emulated MMA (int4 on sm_90a) composes, but QuantLinear runs the fallback: say what runs
         reason = preset_status(name, args.target)
         choice = _preset_choice(name, args.target)
-        if choice is not None and choice.reasons[0] != "-":
+        if choice is not None and choice.reasons[0] != _UNCOMPOSED:
             reason = choice.reasons[0]
         status = f"as {choice.compute_dtype}" if choice else "yes" if reason is None else "no "
         line = f"{name:22s} {status:11s}  {preset(name).summary()}"
