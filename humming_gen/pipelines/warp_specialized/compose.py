@@ -66,11 +66,12 @@ PREFETCH_CHUNK_ROWS = True
 # N = 32 / 64 / 96 / 128) instead of the whole 128-token tile, since an expert's last m block is mostly padding
 # (1.48 blocks of 128 per expert at 128 rows). Band 0 / 64 / 32: DeepSeek-V3 gate-up M = 4096 grouped 544.6 / 540.9
 # / 524.8, indexed 665.3 / 632.3 / 616.6; Qwen3-30B-A3B gate-up M = 4096 grouped 372.7 / 385.4 / 386.1, indexed
-# 489.4 / 463.5 / 466.9; down GEMMs and M = 1024 level within 4 %. The padded wgmmas are not what bounds these
-# kernels (the per-weight dequantization is the same whatever N), and the copies of the main loop doubled NVRTC
-# time and made ptxas serialize the wgmmas ("insufficient register resources") in single-k-tile and zero-point /
-# bias kernels. Also level (same run, down M = 4096 indexed 517.6 / 514.6 / 513.9 with / without / with): the
-# indexed producer reading a unit's sorted ids beside its expert id instead of after the expert check.
+# 489.4 / 463.5 / 466.9; the down GEMMs and M = 1024 within 6 % either way. The padded wgmmas are not what bounds
+# these kernels (README, Speed: the gate-up consumers wait for the gathering producer, the down GEMM's epilogue
+# dominates), and the copies of the main loop doubled NVRTC time and made ptxas serialize the wgmmas ("insufficient
+# register resources") in single-k-tile and zero-point / bias kernels. Also level (a later run, down M = 4096
+# indexed 517.6 / 514.6 / 513.9 with / without / with): the indexed producer reading a unit's sorted ids beside its
+# expert id instead of after the expert check.
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
