@@ -12,6 +12,7 @@ import attrs
 import torch
 
 import humming_gen as hg
+from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
@@ -23,10 +24,11 @@ from humming_gen.targets import Target
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("presets", nargs="?", default="w4a8-mxfp4-fp8,w8a8-fp8-channel,w8a8-fp8-block128",
                     help="comma-separated presets (default: %(default)s)")
-parser.add_argument("ms", nargs="?", default="1,16", help="comma-separated M (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1,16", type=ms_argument("ms"),
+                    help="comma-separated M (default: %(default)s)")
 args = parser.parse_args()
 presets = args.presets.split(",")
-ms = [int(v) for v in args.ms.split(",")]
+ms = args.ms
 # None: the heuristics' own bucket; the dicts: TuningConfig fields over the standard pipeline's bucket
 VARIANTS = [None, dict(), dict(f16_mma=False), dict(split_k=8), dict(split_k=2), dict(stages=4),
             dict(ctas_per_sm=1, stages=4),

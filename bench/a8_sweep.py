@@ -13,6 +13,7 @@ import attrs
 import torch
 
 import humming_gen as hg
+from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
@@ -25,14 +26,15 @@ from humming_gen.targets import Target
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("presets", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
                     help="comma-separated presets (default: %(default)s)")
-parser.add_argument("ms", nargs="?", default="1024,4096", help="comma-separated M (default: %(default)s)")
+parser.add_argument("ms", nargs="?", default="1024,4096", type=ms_argument("ms"),
+                    help="comma-separated M (default: %(default)s)")
 parser.add_argument("mode", nargs="?", default="tiles",
                     choices=["tiles", "cluster", "acluster", "wide", "overlap", "small"],
                     help="which variants to time (default: %(default)s)")
 args = parser.parse_args()
 MODE = args.mode
 presets = args.presets.split(",")
-ms = [int(v) for v in args.ms.split(",")]
+ms = args.ms
 VARIANTS = {"tiles": [dict(), dict(block_m=128, raster="n_major"), dict(block_m=128, raster="m_band"),
                       dict(block_m=192, raster="n_major"), dict(block_m=192, raster="m_band"),
                       dict(block_m=160, raster="n_major")],  # {}: the heuristics' own

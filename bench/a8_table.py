@@ -9,16 +9,17 @@ import argparse
 import torch
 
 import humming_gen as hg
+from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import eager_time_us, graph_time_us
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-fp8-block128,w4a8-mxfp4-fp8",
                     help="comma-separated presets (default: %(default)s)")
-parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192",
+parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192", type=ms_argument("ms"),
                     help="comma-separated M (default: %(default)s)")
 args = parser.parse_args()
 formats = args.formats.split(",")
-ms = [int(v) for v in args.ms.split(",")]
+ms = args.ms
 n = k = 8192
 torch.manual_seed(0)
 print("| format | " + " | ".join(f"M={m}" for m in ms) + " | eager M=1 | eager M=16 |")

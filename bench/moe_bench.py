@@ -158,8 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     p.add_argument("--ws-option", action="append", default=[], metavar="NAME=VALUE",
-                   help=f"set a switch of pipelines.warp_specialized.compose for the run, an int ({', '.join(WS_OPTIONS)}; "
-                        "repeatable), e.g. PREFETCH_CHUNK_ROWS=0")
+                   help=f"set a switch of pipelines.warp_specialized.compose for the run, an int "
+                        f"({', '.join(WS_OPTIONS)}; repeatable), e.g. PREFETCH_CHUNK_ROWS=0")
     args = p.parse_args(argv)
     options = {}
     for item in args.ws_option:

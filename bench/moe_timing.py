@@ -8,12 +8,14 @@ import argparse
 import torch
 
 import humming_gen as hg
+from humming_gen.bench import ms_argument
 from bench_dense import graph_time_us
 
 E, H, I, TOP_K = 128, 2048, 768, 8
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("ms", nargs="?", default="1,16,256,1024", help="comma-separated M (default: %(default)s)")
-ms = [int(v) for v in parser.parse_args().ms.split(",")]
+parser.add_argument("ms", nargs="?", default="1,16,256,1024", type=ms_argument("ms"),
+                    help="comma-separated M (default: %(default)s)")
+ms = parser.parse_args().ms
 torch.manual_seed(0)
 scheme = hg.scheme("w4a16-int4-g128")
 q13 = scheme.quantize(torch.randn(E, 2 * I, H, device="cuda") * 0.02)

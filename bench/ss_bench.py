@@ -10,17 +10,18 @@ import argparse
 import torch
 
 import humming_gen as hg
+from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
                     help="comma-separated presets (default: %(default)s)")
-parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192",
+parser.add_argument("ms", nargs="?", default="1,16,64,256,1024,4096,8192", type=ms_argument("ms"),
                     help="comma-separated M (default: %(default)s)")
 args = parser.parse_args()
 FORMATS = args.formats.split(",")
-MS = [int(m) for m in args.ms.split(",")]
+MS = args.ms
 n = k = 8192
 torch.manual_seed(0)
 print("| format | plan | " + " | ".join(f"M={m}" for m in MS) + " |\n|---|---|" + "---|" * len(MS))

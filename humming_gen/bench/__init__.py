@@ -4,6 +4,8 @@ shares. This module parses the command line's lists and imports no torch."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 DEFAULT_FORMATS = ("w4a16-int4-g128", "w3a16-int3-g128", "w8a16-int8-channel")
 DEFAULT_SHAPES = ((8192, 8192),)
 DEFAULT_MS = (1, 16, 64, 256, 1024, 4096, 8192)
@@ -26,6 +28,19 @@ def parse_ms(option: str, text: str) -> list[int]:
             raise ValueError(f"{option}: M = {m}; allowed: positive integers")
         out.append(m)
     return out
+
+
+def ms_argument(option: str) -> Callable[[str], list[int]]:
+    """parse_ms as an argparse `type`, so a bad list is argparse's usage error naming the option."""
+    import argparse
+
+    def convert(text: str) -> list[int]:
+        try:
+            return parse_ms(option, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
 
 
 def parse_shapes(option: str, text: str) -> list[tuple[int, int]]:

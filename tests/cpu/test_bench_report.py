@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from humming_gen.bench import parse_formats, parse_ms, parse_shapes
+from humming_gen.bench import ms_argument, parse_formats, parse_ms, parse_shapes
 from humming_gen.bench.report import (SCHEMA, Progress, add_rates, check_results, device_limits, format_table,
                                       plot_results, write_json)
 from humming_gen.cli import main
@@ -38,6 +38,18 @@ def test_parse_errors_name_the_option_and_value():
         parse_shapes("--shapes", "4096")
     with pytest.raises(ValueError, match=r"--formats: unknown format 'int4'; allowed: .*w4a16-int4-g128"):
         parse_formats("--formats", "int4")
+
+
+def test_ms_argument_is_a_usage_error_naming_the_option(capsys):
+    """The bench scripts' positional M lists: argparse reports parse_ms's message and exits 2, no traceback."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="bench")
+    parser.add_argument("ms", nargs="?", default="1,16", type=ms_argument("ms"))
+    assert parser.parse_args([]).ms == [1, 16] and parser.parse_args(["4096"]).ms == [4096]
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["1,x"])
+    assert e.value.code == 2 and "argument ms: ms: 'x' is not an integer" in capsys.readouterr().err
 
 
 def test_table_has_a_column_per_implementation():
