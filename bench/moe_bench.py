@@ -27,6 +27,8 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --ws-option PREFETCH_CHUNK_ROWS=0  # a switch of pipelines.warp_specialized.compose
                                                                 # set for the run (the default's before / after)
     python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
+    python bench/moe_bench.py --down-gemm indexed    # every bucket's down GEMM through the routing (default: the
+                                                     # grouped down GEMM on compacted rows where measured faster)
     python bench/moe_bench.py --split-k 1            # no split-K MoE bucket (default: the heuristic's, below one
                                                      # row per expert; e.g. DeepSeek gate-up at M <= 2)
     # split-K before / after, DeepSeek per GEMM at M = 1 and 16 (the gate-up GEMM alone needs an unfused layer):
@@ -80,7 +82,7 @@ ALL_MS = (1, 16, 128, 1024, 4096)
 WS_OPTIONS = ("PREFETCH_CHUNK_ROWS",)  # pipelines.warp_specialized.compose switches for --ws-option
 MODELS = {
     "deepseek": Model("DeepSeek-V3 per rank (TP8)", 256, 8, 7168, 256, "silu_mul", "split", False,
-                      {"w13": (1, 128, 4096), "w2": (1, 4096), "layer": ()},
+                      {"w13": (1, 128, 4096), "w2": (1, 4096), "layer": (1, 128, 4096)},
                       ("w4a16-int4-g128", "w4a8-mxfp4-fp8", "w8a8-fp8-block128"), "h200_moe_graph.json"),
     "qwen3": Model("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu_mul", "split", False,
                    {"w13": ALL_MS, "w2": ALL_MS, "layer": ALL_MS},
@@ -155,6 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split-k", default=None, type=int,
                    help="QuantMoE(split_k=...): 1 never splits K (before issue 11's split-K bucket), n > 1 splits "
                         "every standard-pipeline bucket n ways (default: the heuristic's split bucket)")
+    p.add_argument("--down-gemm", default=None, choices=("indexed", "grouped_contiguous"),
+                   help="QuantMoE(down_gemm=...): the whole layer's down GEMM through the routing or on GEMM1's rows "
+                        "copied into per-expert windows (default: the heuristics' choice per bucket)")
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     p.add_argument("--ws-option", action="append", default=[], metavar="NAME=VALUE",
@@ -598,7 +603,7 @@ class Bench:
                                                      gate_up_layout=model.gate_up_layout, bias13=b13, bias2=b2,
                                                      target=self.target, pipeline=self.args.pipeline,
                                                      fused_activation=fused, topk_reduce=self.args.topk_reduce,
-                                                     split_k=self.args.split_k,
+                                                     split_k=self.args.split_k, down_gemm=self.args.down_gemm,
                                                      # None: cuda:<current> (a bare "cuda" differs from cuda:0)
                                                      device=None if self.device == "cuda" else self.device))
             log(f"{name} {fmt}: layer {i + 1}/{self.args.layers} built in {time.perf_counter() - t0:.1f}s")

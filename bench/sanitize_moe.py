@@ -1,8 +1,8 @@
 """A small sample for compute-sanitizer of the newer kernels: QuantMoE with ragged routing (-1 ids, empty experts,
-an expert map) across the standard and warp-specialized buckets, 8-bit activations (standard and split-K
-warp-specialized, MXFP8 scales) and 8-bit MoE layers (W8A8: the warp-specialized pipeline in every bucket; W4A8:
-the standard pipeline's 8-bit MoE kernels below 17 rows per expert). Prints the worst relative error and the
-pipelines run."""
+an expert map) across the standard and warp-specialized buckets, the grouped down GEMM on compacted rows (row
+compaction, weighted top-k sum), 8-bit activations (standard and split-K warp-specialized, MXFP8 scales) and 8-bit
+MoE layers (W8A8: the warp-specialized pipeline in every bucket; W4A8: the standard pipeline's 8-bit MoE kernels
+below 17 rows per expert). Prints the worst relative error and the pipelines run."""
 
 import argparse
 
@@ -21,13 +21,18 @@ def rel(y, ref):
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-for scheme, e, top_k, ms in (("w4a16-int4-g128", 8, 2, (5, 300)), ("w4a16-mxfp4", 16, 4, (8, 130)),
-                             ("w8a8-fp8-channel", 8, 2, (3, 40, 300)), ("w8a8-fp8-block128", 8, 2, (5, 300)),
-                             ("w4a8-mxfp4-fp8", 8, 2, (5, 40))):
+# down_gemm None: the heuristics' (the grouped down GEMM on compacted rows in the open bucket, e.g. M = 300 here);
+# "grouped_contiguous": in every bucket, the standard pipeline's grouped kernels too
+for scheme, e, top_k, ms, down in (("w4a16-int4-g128", 8, 2, (5, 300), None),
+                                   ("w4a16-int4-g128", 8, 2, (5, 40), "grouped_contiguous"),
+                                   ("w4a16-mxfp4", 16, 4, (8, 130), None),
+                                   ("w8a8-fp8-channel", 8, 2, (3, 40, 300), None),
+                                   ("w8a8-fp8-block128", 8, 2, (5, 300), None),
+                                   ("w4a8-mxfp4-fp8", 8, 2, (5, 40), None)):
     s = hg.scheme(scheme)
     q13 = s.quantize(torch.randn(e, 256, 256, device="cuda") * 0.05)
     q2 = s.quantize(torch.randn(e, 256, 128, device="cuda") * 0.05)
-    moe = hg.QuantMoE.from_quantized(q13, q2)
+    moe = hg.QuantMoE.from_quantized(q13, q2, down_gemm=down)
     for m in ms:
         x = torch.randn(m, 256, device="cuda").bfloat16()
         weights, ids = torch.topk(torch.softmax(torch.randn(m, e, device="cuda"), -1), top_k, dim=-1)

@@ -223,3 +223,38 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
         if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= start):
             return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
     return moe_small_tile(layer, target, attrs.evolve(standard.for_m(rows), split_k=1))
+
+
+# QuantMoE's down GEMM reads GEMM1's rows in per-expert windows (down_gemm="grouped_contiguous": a row compaction,
+# the grouped kernel, the weighted top-k sum) in the warp-specialized buckets that end above GROUPED_DOWN_FROM_ROWS
+# rows per expert (the open-ended one), and in every warp-specialized bucket where the hidden size is at least
+# GROUPED_DOWN_WIDE times the intermediate one: the compaction moves rows x I, while the indexed epilogue's per-row
+# work (router weight, assignment lookups, scatter) is paid on rows x H outputs. Whole layer, W4A16 int4 g128, H200,
+# graph us, indexed -> grouped (bench/moe_bench.py --down-gemm, 2026-12-02): DeepSeek-V3 per rank (H / I = 28) M =
+# 1024 / 4096: 561.4 / 1344.9 -> 532.4 / 1191.0; Qwen3-30B-A3B (2.7) 340.1 / 862.4 -> 346.3 / 832.8; gpt-oss-120b (1)
+# 983.3 / 2471.7 -> 998.6 / 2305.4. The standard pipeline's buckets (M <= 128 here) lost 6-11 % grouped (DeepSeek
+# M = 16 / 128: 96.1 / 232.2 -> 110.5 / 255.5).
+GROUPED_DOWN_FROM_ROWS = 64
+GROUPED_DOWN_WIDE = 4
+
+
+def moe_down_gemms(requested: str | None, down: LayerConfig, down_plan: TuningPlan,
+                   fused_quantization: tuple[bool, ...], topk_reduce: str) -> tuple[str, ...]:
+    """The down GEMM type of each bucket of a QuantMoE (`down`: its down GEMM, n = H, k = I; `down_plan`: its indexed
+    buckets): `requested` everywhere ("indexed" or "grouped_contiguous"; ValueError naming the buckets where GEMM1
+    writes GEMM2's quantized input in the indexed layout, fused_quantization), or None: grouped in the
+    warp-specialized buckets that GROUPED_DOWN_FROM_ROWS / GROUPED_DOWN_WIDE pick, with the deterministic top-k
+    reduction and no fused quantization."""
+    if requested == "indexed" or topk_reduce == "atomic":
+        return ("indexed",) * len(down_plan.buckets)
+    if requested == "grouped_contiguous":
+        fused = [("open" if m is None else f"<= {m}") for (m, _), f in zip(down_plan.buckets, fused_quantization) if f]
+        if fused:
+            raise ValueError(f"down_gemm='grouped_contiguous': GEMM1 writes GEMM2's quantized input in the buckets of "
+                             f"rows per expert {', '.join(fused)} (fused_quantization), in the indexed layout; pass "
+                             f"fused_quantization=False")
+        return ("grouped_contiguous",) * len(down_plan.buckets)
+    wide = down.n >= GROUPED_DOWN_WIDE * down.k
+    return tuple("grouped_contiguous" if t.pipeline == "warp_specialized" and not fused
+                 and (m is None or m > GROUPED_DOWN_FROM_ROWS or wide) else "indexed"
+                 for (m, t), fused in zip(down_plan.buckets, fused_quantization))

@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 TOPK_REDUCES = ("deterministic", "atomic")  # QuantMoE(topk_reduce=...)
+DOWN_GEMMS = (None, "indexed", "grouped_contiguous")  # QuantMoE(down_gemm=...)
+
+
+def _bucket_rows(buckets, index: int) -> int:
+    """Rows per expert that pick bucket `index`'s tile in the grouped heuristics: its bound, or twice the last
+    finite bound for the open-ended one."""
+    bound = buckets[index][0]
+    if bound is None:
+        finite = [m for m, _ in buckets if m is not None]
+        bound = 2 * finite[-1] if finite else 1
+    return max(1, math.floor(bound))
 
 
 def expert_weight(qw: QuantizedWeight, e: int) -> QuantizedWeight:
@@ -149,16 +160,26 @@ class QuantMoE(torch.nn.Module):
     Batch invariance (no `batch_invariant` option, unlike QuantLinear): within one bucket (`bucket_for(M, top_k)`,
     the same two kernels) a token's output row is bitwise the same in every batch, whatever the other tokens and
     wherever the routing places it: each assignment row's K sum is ordered by its kernel alone (a split-K kernel
-    sums its fixed k slices in slice order), per-token / per-group / static per-tensor activation quantization reads only the row, and the top-k sum
-    adds a token's k rows in an order set by top_k alone. Across buckets the kernels differ (token tile, pipeline,
-    MMA): no promise; a dynamic per-tensor activation scale (the amax of the batch) makes every row depend on the
-    others.
+    sums its fixed k slices in slice order), per-token / per-group / static per-tensor activation quantization reads
+    only the row, and the top-k sum adds a token's k rows in an order set by top_k alone. Across buckets the kernels
+    differ (token tile, pipeline, MMA): no promise; a dynamic per-tensor activation scale (the amax of the batch)
+    makes every row depend on the others.
     topk_reduce: "deterministic" (the default): GEMM2 writes one row per assignment and a generated kernel sums a
     token's rows in fp32 in a fixed order (humming_gen.moe.reduce; the bits of torch.sum over the slots, then the
     cast). "atomic": GEMM2's epilogue adds each router-weighted row into its token's row of an fp32 (M, H) buffer
     with red.global.add (no (M * top_k, H) rows written and read back), then a cast to the layer's dtype; the order
     of the adds varies, so results may differ in the last bits from run to run (and batch invariance is lost). Such a
-    layer has no down GEMM alone (moe_gemm / launcher_for with "w2")."""
+    layer has no down GEMM alone (moe_gemm / launcher_for with "w2").
+    down_gemm: how a bucket's down GEMM reads and writes its rows. "indexed": through the routing (gathers GEMM1's
+    rows, multiplies by the router weight and scatters to the assignment's row in its epilogue). "grouped_contiguous":
+    a kernel (humming_gen.moe.compact) first copies GEMM1's rows into per-expert windows, the grouped GEMM reads and
+    writes dense windows, and the top-k reduction applies the router weight (weighted_topk_reduce: the fp32 product
+    of the weight and the rounded row, where the indexed path rounds the weighted row; both sum in the same order),
+    which spares the down GEMM's per-row lookups and scatter (DeepSeek-V3 W4A16 down at M = 4096: README, Speed).
+    None (the default): grouped where the heuristics measured it faster (humming_gen.heuristics.moe_down_gemms:
+    warp-specialized buckets above 64 rows per expert, and all of them where H >= 4 I), with the deterministic
+    top-k reduction and no fused_quantization in the bucket; "grouped_contiguous" refuses those. `self.down_gemms`
+    says each bucket's. Batch invariance holds on either path."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
@@ -167,11 +188,12 @@ class QuantMoE(torch.nn.Module):
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, fused_activation: bool | None = None,
                  weight_only: bool = False, strict: bool = False, pipeline: str | None = None,
                  topk_reduce: str = "deterministic", fused_quantization: bool | None = False,
-                 split_k: int | None = None):
+                 split_k: int | None = None, down_gemm: str | None = None):
         super().__init__()
         from humming_gen.codegen import compose
-        from humming_gen.heuristics import choose_tunings, moe_tunings
+        from humming_gen.heuristics import choose_tunings, grouped_moe_tuning, moe_down_gemms, moe_tunings
         from humming_gen.kernel import _resolve_target, build_many
+        from humming_gen.moe.compact import kernel_for as compact_kernel_for
         from humming_gen.moe.reduce import kernel_for
         from humming_gen.reference.moe import ACTIVATIONS, GATE_UP_LAYOUTS
 
@@ -193,6 +215,13 @@ class QuantMoE(torch.nn.Module):
                              f"a row per assignment, a kernel sums them in a fixed order; 'atomic': GEMM2's epilogue "
                              f"adds them into fp32 token rows, in no fixed order)")
         self.topk_reduce = topk_reduce
+        if down_gemm not in DOWN_GEMMS:
+            raise ValueError(f"down_gemm={down_gemm!r}; allowed: {DOWN_GEMMS} (None: the heuristics' choice per "
+                             f"bucket)")
+        if down_gemm == "grouped_contiguous" and topk_reduce == "atomic":
+            raise ValueError("down_gemm='grouped_contiguous' writes unweighted rows for the deterministic top-k "
+                             "reduction; topk_reduce='atomic' needs the indexed down GEMM (down_gemm='indexed' or "
+                             "None)")
         num_experts, two_i, hidden = q13.shape
         if q13.n % 2 or q2.shape != (num_experts, hidden, two_i // 2):
             raise ValueError(f"w13 must be (E, 2I, H) and w2 (E, H, I): got {q13.shape} and {q2.shape}")
@@ -255,6 +284,9 @@ class QuantMoE(torch.nn.Module):
         self._row_quantizers: list = [False, False]
         self._static_scales = tuple(self._check_quantized_activations(name, q, layer, compute)
                                     for name, q, layer, compute in zip(("q13", "q2"), (q13, q2), layers, computes))
+        # GEMM2's input takes a dynamic per-tensor scale (the amax of every row): rows of skipped assignments are zeros
+        act2 = self.activation_schemes[1]
+        self._zero_skipped_rows = act2 is not None and act2.granularity == "tensor" and self._static_scales[1] is None
         # buckets of expected rows per expert: the standard pipeline's, the warp-specialized one's from 17 rows per
         # expert on (W8A8: all) where it serves both GEMMs; every bucket of a GEMM shares its weight layout (one
         # packed copy)
@@ -278,9 +310,20 @@ class QuantMoE(torch.nn.Module):
         composed = [[compose(layer, quantized if index == 0 and fuse else compute, t, self.target)
                      for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
                     for index, (layer, compute, plan) in enumerate(zip(layers, computes, plans))]
-        assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
-        kernels = build_many(composed[0] + composed[1], compiler=compiler)
-        k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):]
+        # the buckets whose down GEMM reads GEMM1's rows in per-expert windows: a grouped kernel each
+        self.down_gemms = moe_down_gemms(down_gemm, layers[1], plans[1], self.fused_quantization, topk_reduce)
+        grouped_down = [compose(layers[1], ComputeConfig(gemm="grouped_contiguous"),
+                                grouped_moe_tuning(self._standard_plans[1], layers[1],
+                                                   ComputeConfig(gemm="grouped_contiguous"), self.target,
+                                                   _bucket_rows(plans[1].buckets, i), pipeline=t.pipeline,
+                                                   moe_layers=layers), self.target)
+                        for i, ((_, t), down) in enumerate(zip(plans[1].buckets, self.down_gemms))
+                        if down == "grouped_contiguous"]
+        assert all(p.layout == gemm[0].layout for gemm in composed + [grouped_down] for p in gemm), \
+            "a GEMM's buckets share its weight"
+        kernels = build_many(composed[0] + composed[1] + grouped_down, compiler=compiler)
+        k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):2 * len(self.buckets)]
+        k2_grouped = iter(kernels[2 * len(self.buckets):])
         self.w13 = prepare_moe_weight(composed[0][0], q13, self.device)
         self.w2 = prepare_moe_weight(composed[1][0], q2, self.device)
         self._kernels = list(zip(k13, k2))
@@ -294,8 +337,15 @@ class QuantMoE(torch.nn.Module):
         self._launchers = [(a.bind(self.w13, self.bias13, self.device, most),
                             b.bind(self.w2, self.bias2, self.device, most))
                            for (a, b), most in zip(self._kernels, self._most_assignments)]
-        if topk_reduce == "deterministic":
-            kernel_for(_DTYPE_NAME[dtype], self.target, compiler)  # the top-k reduction, compiled with the GEMMs
+        # per bucket: the grouped down GEMM's launcher where down_gemms says so, else None
+        self._grouped_down = [next(k2_grouped).bind(self.w2, self.bias2, self.device, None)
+                              if down == "grouped_contiguous" else None for down in self.down_gemms]
+        if topk_reduce == "deterministic":  # the top-k reduction(s) and the row compaction, compiled with the GEMMs
+            if "indexed" in self.down_gemms:
+                kernel_for(_DTYPE_NAME[dtype], self.target, compiler)
+            if "grouped_contiguous" in self.down_gemms:
+                kernel_for(_DTYPE_NAME[dtype], self.target, compiler, weighted=True)
+                compact_kernel_for(self.target, compiler)
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::fused_moe / moe_gemm ops
 
     def _fuse_quantization(self, requested: bool | None, plan) -> tuple[bool, ...]:
@@ -438,6 +488,7 @@ class QuantMoE(torch.nn.Module):
         (humming_gen.moe.reduce: fp32, deterministic, the bits of torch.sum over the slots then the cast).
         Never synchronises with the host; `out` (M, H), when given, receives the result."""
         from humming_gen.moe import moe_align
+        from humming_gen.moe.compact import compact_offsets
         from humming_gen.moe.reduce import topk_reduce
         from humming_gen.reference.moe import gated_activation
 
@@ -450,12 +501,14 @@ class QuantMoE(torch.nn.Module):
         bucket = self.bucket_for(m, top_k)
         gemm1, gemm2 = self._launchers[bucket]
         routing = moe_align(topk_ids.contiguous(), self.num_experts, gemm1.kernel.plan.tuning.block_m, expert_map)
+        grouped_down = self._grouped_down[bucket]
+        # the grouped down GEMM's windows (two torch kernels, before GEMM1: the launches from GEMM1 on overlap by PDL)
+        layout = compact_offsets(routing.expert_counts) if grouped_down is not None else None
         a1, a1_scale = self.gemm_input(x, 0)
         # rows of skipped assignments are not written: garbage, which GEMM2 never reads, unless GEMM2's input takes
-        # a dynamic per-tensor scale (the amax of every row), when they are zeros (and so is their activation)
-        act2 = self.activation_schemes[1]
-        rows = torch.zeros if (act2 is not None and act2.granularity == "tensor" and self._static_scales[1] is None
-                               ) else torch.empty
+        # a dynamic per-tensor scale (the amax of every row), when they are zeros (and so is their activation); the
+        # grouped down GEMM's windows hold only routed rows (_grouped_down_gemm)
+        rows = torch.zeros if self._zero_skipped_rows and grouped_down is None else torch.empty
         if self.fused_quantization[bucket]:  # GEMM1 writes GEMM2's codes and scales, as gemm_input would
             a2, a2_scale = self._quantized_rows(m * top_k)
             gemm1.moe(a1, a2, routing, top_k, a_scale=a1_scale, out_scale=a2_scale)
@@ -467,10 +520,13 @@ class QuantMoE(torch.nn.Module):
             gemm1.moe(a1, h, routing, top_k, a_scale=a1_scale)
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
-        if not self.fused_quantization[bucket]:
-            a2, a2_scale = self.gemm_input(act, 1)
         if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
             topk_weights = topk_weights.to(torch.float32).contiguous()
+        if grouped_down is not None:  # GEMM1's rows into per-expert windows, a grouped GEMM, the weighted sum
+            return self._grouped_down_gemm(grouped_down, act, routing, layout, gemm1.kernel.plan.tuning.block_m,
+                                           topk_weights, top_k, out)
+        if not self.fused_quantization[bucket]:
+            a2, a2_scale = self.gemm_input(act, 1)
         if self.topk_reduce == "atomic":  # GEMM2 adds each assignment into its token's fp32 row; skipped slots: none
             total = torch.zeros(m, self.hidden, dtype=torch.float32, device=self.device)
             gemm2.moe(a2, total, routing, 1, topk_weights.view(-1), a_scale=a2_scale, out_top_k=top_k)
@@ -479,6 +535,25 @@ class QuantMoE(torch.nn.Module):
         y = torch.empty(m * top_k, self.hidden, dtype=self.dtype, device=self.device)
         gemm2.moe(a2, y, routing, 1, topk_weights.view(-1), a_scale=a2_scale)
         return topk_reduce(y, routing.inverse, top_k, out, target=self.target, compiler=self._compiler)
+
+    def _grouped_down_gemm(self, launcher, act: torch.Tensor, routing, layout: torch.Tensor, block_m: int,
+                           topk_weights: torch.Tensor, top_k: int, out: torch.Tensor | None) -> torch.Tensor:
+        """The down GEMM on GEMM1's rows `act` copied into per-expert windows (humming_gen.moe.compact; `layout`:
+        compact_offsets of the routing), then the router-weighted top-k sum through each assignment's window row."""
+        from humming_gen.moe.compact import compact_rows
+        from humming_gen.moe.reduce import weighted_topk_reduce
+
+        rows = act.shape[0]
+        # rows past the windows' end (skipped assignments) are not written, nor read by the GEMM; a dynamic
+        # per-tensor scale's amax reads every row: zeros there
+        fill = torch.zeros if self._zero_skipped_rows else torch.empty
+        windows = fill(rows, self.intermediate, dtype=self.dtype, device=self.device)
+        window_rows = compact_rows(act, routing, block_m, layout, windows, self.target, self._compiler)
+        a2, a2_scale = self.gemm_input(windows, 1)
+        y = torch.empty(rows, self.hidden, dtype=self.dtype, device=self.device)
+        launcher.grouped(a2, y, layout, a_scale=a2_scale)
+        return weighted_topk_reduce(y, window_rows, topk_weights.view(-1), top_k, out, target=self.target,
+                                    compiler=self._compiler)
 
     def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GEMM `index`'s (0: w13, 1: w2) input rows `a` (rows, K) as its kernels read them: `a` itself with 16-bit
@@ -611,6 +686,7 @@ class QuantMoE(torch.nn.Module):
                 + (f", fold_scales={self.fold_scales}" if any(self.fold_scales) else "")
                 + (f", fused_quantization={self.fused_quantization}" if any(self.fused_quantization) else "")
                 + (f", topk_reduce={self.topk_reduce}" if self.topk_reduce != "deterministic" else "")
+                + (f", down_gemms={self.down_gemms}" if "grouped_contiguous" in self.down_gemms else "")
                 + (f", split_k={self.split_ks}" if any(k > 1 for pair in self.split_ks for k in pair) else ""))
 
     @property

@@ -9,8 +9,14 @@ those of that path. Slots whose assignment moe_align skipped (its `inverse` entr
 range, an expert that expert_map sends to -1) are left out and their rows never read, so GEMM2's output needs no
 zero fill.
 
+The weighted variant (`weighted_topk_reduce`) serves a GEMM2 that writes unweighted rows in some other order (the
+grouped down GEMM of QuantMoE(down_gemm="grouped_contiguous"), on rows in expert order: humming_gen.moe.compact):
+slot j of token m reads row rows[m * top_k + j] of y (-1: skipped, not read) and adds weights[m * top_k + j] times it
+(an fp32 product, rounded, then the add: never an fma), in the same order.
+
 One CTA per (token, chunk of the row): blockIdx.x the token, blockIdx.y the chunk of kThreads 16-byte vectors (8
-columns each), one vector per thread. top_k, H and the strides are kernel arguments: one kernel per (dtype, target).
+columns each), one vector per thread. top_k, H and the strides are kernel arguments: one kernel per (dtype, target,
+weighted).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.base import Component
 from humming_gen.components.ptx.wrappers import CvtScalar, GridDependency
-from humming_gen.reference.moe import TOPK_SUM_ACCUMULATORS, topk_sum_reference
+from humming_gen.reference.moe import TOPK_SUM_ACCUMULATORS, topk_sum_reference, weighted_topk_sum_reference
 from humming_gen.targets import Target
 
 DTYPES = ("bfloat16", "float16")
@@ -43,6 +49,7 @@ class ReduceConfig(standalone.StandaloneConfig):
 
     dtype: str
     target: Target
+    weighted: bool = False  # rows through an index and times the router weight (weighted_topk_reduce)
 
     def __attrs_post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -55,15 +62,15 @@ class ReduceConfig(standalone.StandaloneConfig):
         return self.target.has("pdl")
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "target": self.target.name}
+        return {"dtype": self.dtype, "target": self.target.name} | ({"weighted": True} if self.weighted else {})
 
     def summary(self) -> str:
-        return (f"moe_topk_reduce {self.dtype} -> fp32 sum -> {self.dtype} threads={THREADS} "
-                f"accumulators={TOPK_SUM_ACCUMULATORS} pdl={'yes' if self.pdl else 'no'}")
+        return (f"moe_topk_reduce {self.dtype} -> fp32 {'weighted ' if self.weighted else ''}sum -> {self.dtype} "
+                f"threads={THREADS} accumulators={TOPK_SUM_ACCUMULATORS} pdl={'yes' if self.pdl else 'no'}")
 
     @property
     def kernel_name(self) -> str:
-        name = f"moe_topk_reduce_{self.dtype}_{self.target.name}"
+        name = f"moe_topk_reduce_{'weighted_' if self.weighted else ''}{self.dtype}_{self.target.name}"
         return self.named(name)
 
 
@@ -74,6 +81,7 @@ class RowVectors(Component):
     template: ClassVar[str] = "moe/topk_reduce_vectors.cuh.j2"
     family: ClassVar[str] = "memory"
     dtype: str
+    weighted: bool = False  # also the weighted add (mul.rn.f32, then add.rn.f32)
 
 
 @attrs.frozen
@@ -84,13 +92,15 @@ class Skeleton(Component):
     family: ClassVar[str] = "pipeline"
     kernel_name: str
     pdl: bool
+    weighted: bool = False
 
 
 def components(cfg: ReduceConfig) -> list[Component]:
     """The components of a config's kernel, in section order."""
     out: list[Component] = [GridDependency()] if cfg.pdl else []
-    out += [CvtScalar(dtype=cfg.dtype, out_dtype=cfg.dtype, to_float=True), RowVectors(dtype=cfg.dtype),
-            Skeleton(kernel_name=cfg.kernel_name, pdl=cfg.pdl)]
+    out += [CvtScalar(dtype=cfg.dtype, out_dtype=cfg.dtype, to_float=True),
+            RowVectors(dtype=cfg.dtype, weighted=cfg.weighted),
+            Skeleton(kernel_name=cfg.kernel_name, pdl=cfg.pdl, weighted=cfg.weighted)]
     return out
 
 
@@ -102,8 +112,14 @@ def constants(cfg: ReduceConfig) -> list[tuple[str, int, str]]:
 
 def param_fields(cfg: ReduceConfig) -> list[tuple[str, str, str]]:
     """(name, C type, comment) of the kernel's by-value Params struct, in packing order."""
-    return [("y", "const void*", f"(m * top_k, n) {cfg.dtype} assignment rows, row stride ldy elements"),
-            ("inverse", "const int*", "(m * top_k,) moe_align's position of each assignment, -1 if skipped"),
+    if cfg.weighted:
+        slots = [("y", "const void*", f"(rows, n) {cfg.dtype} unweighted rows, row stride ldy elements"),
+                 ("rows", "const int*", "(m * top_k,) the row of y of each assignment, -1 if skipped"),
+                 ("weights", "const float*", "(m * top_k,) the router weight of each assignment")]
+    else:
+        slots = [("y", "const void*", f"(m * top_k, n) {cfg.dtype} assignment rows, row stride ldy elements"),
+                 ("inverse", "const int*", "(m * top_k,) moe_align's position of each assignment, -1 if skipped")]
+    return slots + [
             ("out", "void*", f"(m, n) {cfg.dtype}, row stride ldo elements"),
             ("ldy", "long long", ""), ("ldo", "long long", ""),
             ("top_k", "int", "assignments per token"), ("vectors", "int", "n / kVector")]
@@ -150,12 +166,12 @@ def _target(index: int) -> Target:
     return found
 
 
-def kernel_for(dtype: str, target: Target, compiler: str | None = None) -> ReduceKernel:
+def kernel_for(dtype: str, target: Target, compiler: str | None = None, weighted: bool = False) -> ReduceKernel:
     """build(ReduceConfig(...)) without building and hashing the config on every call."""
-    key = (dtype, id(target), compiler)
+    key = (dtype, id(target), compiler, weighted)
     found = _kernels.get(key)
     if found is None or found.config.target is not target:
-        found = _kernels[key] = build(ReduceConfig(dtype, target), compiler)
+        found = _kernels[key] = build(ReduceConfig(dtype, target, weighted), compiler)
     return found
 
 
@@ -170,25 +186,68 @@ def topk_reduce(y: torch.Tensor, inverse: torch.Tensor, top_k: int, out: torch.T
     stream without a host sync (an `out` whose rows are not 16-byte aligned goes through a temporary); on the CPU
     the torch reference gives the same bits. target / compiler: of the kernel (default: the device's target).
     Raises ValueError naming the argument."""
-    if y.dim() != 2 or y.dtype not in _TORCH_DTYPES or y.stride(1) != 1:
-        raise ValueError(f"topk_reduce: y must be a 2-D bfloat16 / float16 tensor of unit column stride, got "
-                         f"{y.dtype} {tuple(y.shape)} strides {y.stride()}")
-    rows, hidden = y.shape
+    name = "topk_reduce"
+    _check_rows(name, y)
+    rows = y.shape[0]
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0 or (rows % top_k if top_k else rows):
-        raise ValueError(f"topk_reduce: top_k = {top_k!r} must be an int >= 0 dividing y's {rows} rows")
-    m = rows // top_k if top_k else 0
-    if inverse.dtype != torch.int32 or inverse.numel() != rows or not inverse.is_contiguous() \
-            or inverse.device != y.device:
-        raise ValueError(f"topk_reduce: inverse must be a contiguous int32 tensor of {rows} entries on {y.device}, "
-                         f"got {inverse.dtype} {tuple(inverse.shape)} on {inverse.device}")
+        raise ValueError(f"{name}: top_k = {top_k!r} must be an int >= 0 dividing y's {rows} rows")
+    _check_index(name, "inverse", inverse, rows, y.device)
+    return _reduce(name, y, {"inverse": inverse}, rows // top_k if top_k else 0, top_k, out, target, compiler,
+                   lambda: topk_sum_reference(y, inverse, top_k, y.dtype))
+
+
+def weighted_topk_reduce(y: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, top_k: int,
+                         out: torch.Tensor | None = None, target: Target | None = None,
+                         compiler: str | None = None) -> torch.Tensor:
+    """(M, H): token m's slots j summed in fp32, each weights[i] * y[rows[i]] (i = m * top_k + j; the fp32 product
+    rounded, then added in torch.sum's CUDA order: humming_gen.reference.moe.weighted_topk_sum_reference), slots with
+    rows[i] < 0 left out (no row read), rounded to y's dtype; written into `out` when given.
+
+    y: (R, H) bfloat16 / float16 rows in any order (unit column stride, H a multiple of 8); rows: (M * top_k,)
+    contiguous int32 on y's device, each in [-1, R) (unchecked: on the GPU that would be a host sync);
+    weights: (M * top_k,) contiguous float32 on y's device. As topk_reduce otherwise."""
+    name = "weighted_topk_reduce"
+    _check_rows(name, y)
+    if not isinstance(rows, torch.Tensor) or not isinstance(weights, torch.Tensor):
+        raise TypeError(f"{name}: rows and weights must be torch.Tensors, got {type(rows).__name__} and "
+                        f"{type(weights).__name__}")
+    numel = rows.numel()
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0 or (numel % top_k if top_k else numel):
+        raise ValueError(f"{name}: top_k = {top_k!r} must be an int >= 0 dividing the {numel} entries of rows")
+    _check_index(name, "rows", rows, numel, y.device)
+    if weights.dtype != torch.float32 or weights.numel() != numel or not weights.is_contiguous() \
+            or weights.device != y.device:
+        raise ValueError(f"{name}: weights must be a contiguous float32 tensor of {numel} entries on {y.device}, got "
+                         f"{weights.dtype} {tuple(weights.shape)} on {weights.device}")
+    return _reduce(name, y, {"rows": rows, "weights": weights}, numel // top_k if top_k else 0, top_k, out, target,
+                   compiler, lambda: weighted_topk_sum_reference(y, rows, weights, top_k, y.dtype))
+
+
+def _check_rows(name: str, y: torch.Tensor) -> None:
+    if not isinstance(y, torch.Tensor) or y.dim() != 2 or y.dtype not in _TORCH_DTYPES or y.stride(1) != 1:
+        raise ValueError(f"{name}: y must be a 2-D bfloat16 / float16 tensor of unit column stride, got "
+                         f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))} strides "
+                         f"{y.stride() if isinstance(y, torch.Tensor) else ()}")
+
+
+def _check_index(name: str, arg: str, t: torch.Tensor, numel: int, device: torch.device) -> None:
+    if t.dtype != torch.int32 or t.numel() != numel or not t.is_contiguous() or t.device != device:
+        raise ValueError(f"{name}: {arg} must be a contiguous int32 tensor of {numel} entries on {device}, got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def _reduce(name: str, y: torch.Tensor, slots: dict[str, torch.Tensor], m: int, top_k: int,
+            out: torch.Tensor | None, target: Target | None, compiler: str | None, reference) -> torch.Tensor:
+    """The launch both reductions share: `slots` the kernel's per-assignment tensors (by Params field name)."""
+    hidden = y.shape[1]
     if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != y.dtype or out.device != y.device):
-        raise ValueError(f"topk_reduce: out must be ({m}, {hidden}) {y.dtype} on {y.device}, got "
+        raise ValueError(f"{name}: out must be ({m}, {hidden}) {y.dtype} on {y.device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
     if y.device.type not in _DEVICE_TYPES:
-        total = topk_sum_reference(y, inverse, top_k, y.dtype)
+        total = reference()
         return total if out is None else out.copy_(total)
     if hidden % VECTOR:
-        raise ValueError(f"topk_reduce: H = {hidden} must be a multiple of {VECTOR} (16-byte vectors)")
+        raise ValueError(f"{name}: H = {hidden} must be a multiple of {VECTOR} (16-byte vectors)")
     # the kernel reads and writes rows in 16-byte pieces; anything else goes through a temporary or a copy
     direct = out is not None and out.stride(1) == 1 and out.stride(0) % VECTOR == 0 and out.data_ptr() % 16 == 0
     result = out if direct else torch.empty(m, hidden, dtype=y.dtype, device=y.device)
@@ -198,9 +257,10 @@ def topk_reduce(y: torch.Tensor, inverse: torch.Tensor, top_k: int, out: torch.T
             y = torch.empty(y.shape, dtype=y.dtype, device=y.device).copy_(y)
         current = torch.cuda.current_device()
         index = y.device.index if y.device.index is not None else current
-        kernel = kernel_for(_TORCH_DTYPES[y.dtype], target if target is not None else _target(index), compiler)
-        values = {"y": y.data_ptr(), "inverse": inverse.data_ptr(), "out": result.data_ptr(), "ldy": y.stride(0),
-                  "ldo": result.stride(0), "top_k": top_k, "vectors": hidden // VECTOR}
+        kernel = kernel_for(_TORCH_DTYPES[y.dtype], target if target is not None else _target(index), compiler,
+                            weighted="weights" in slots)
+        values = {"y": y.data_ptr(), "out": result.data_ptr(), "ldy": y.stride(0), "ldo": result.stride(0),
+                  "top_k": top_k, "vectors": hidden // VECTOR} | {k: t.data_ptr() for k, t in slots.items()}
         # NOTE: the device switch only where needed: entering torch.cuda.device costs about as much as a launch
         with torch.cuda.device(index) if index != current else contextlib.nullcontext():
             kernel.launch(m, values, index)

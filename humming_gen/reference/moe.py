@@ -112,6 +112,28 @@ def topk_sum_reference(y: torch.Tensor, inverse: torch.Tensor, top_k: int, dtype
     return total.to(dtype)
 
 
+def weighted_topk_sum_reference(y: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, top_k: int,
+                                dtype: torch.dtype, accumulators: int = TOPK_SUM_ACCUMULATORS) -> torch.Tensor:
+    """(M, H) `dtype`: slot j of token m adds weights[i] * y[rows[i]] (i = m * top_k + j; the product in fp32,
+    rounded), in topk_sum_reference's order; slots with rows[i] < 0 left out (no row read). The bits of QuantMoE's
+    weighted top-k reduction (humming_gen.moe.reduce.weighted_topk_reduce), on any device."""
+    m = rows.numel() // top_k if top_k else 0
+    index = rows.reshape(m, top_k).long().to(y.device)
+    keep = index >= 0
+    w = weights.reshape(m, top_k).to(device=y.device, dtype=torch.float32)
+    zero = torch.zeros((), dtype=torch.float32, device=y.device)
+    acc = [torch.zeros(m, y.shape[-1], dtype=torch.float32, device=y.device) for _ in range(max(accumulators, 1))]
+    if not y.shape[0]:  # every slot skipped: nothing to read
+        y = torch.zeros(1, y.shape[-1], dtype=y.dtype, device=y.device)
+    for j in range(top_k):
+        term = torch.where(keep[:, j, None], w[:, j, None] * y[index[:, j].clamp(min=0)].float(), zero)
+        acc[j % accumulators] = acc[j % accumulators] + term
+    total = acc[0]
+    for a in acc[1:]:
+        total = total + a
+    return total.to(dtype)
+
+
 def gated_activation(h: torch.Tensor, activation: str = "silu_mul", gate_up_layout: str = "split",
                      swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
     """(..., 2I) -> (..., I): gate and up taken from h as `gate_up_layout` stores them ("split": [gate; up],

@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from humming_gen.moe.reduce import DTYPES, ReduceConfig, generate, param_fields, params_struct, topk_reduce
-from humming_gen.reference.moe import moe_align_reference, topk_sum_reference
+from humming_gen.moe.reduce import (DTYPES, ReduceConfig, generate, param_fields, params_struct, topk_reduce,
+                                    weighted_topk_reduce)
+from humming_gen.reference.moe import moe_align_reference, topk_sum_reference, weighted_topk_sum_reference
 from humming_gen.runtime.compile import compile_source
 from humming_gen.targets import get_target
 
@@ -164,4 +165,67 @@ def test_topk_reduce_errors_name_the_argument(kwargs, message):
             "top_k": 3} | kwargs
     with pytest.raises(ValueError) as info:
         topk_reduce(**args)
+    assert message in str(info.value)
+
+
+# --- the weighted variant (the grouped down GEMM's rows in expert order) ------------------------------------------
+def test_weighted_source_has_only_its_branch():
+    plain, weighted = (_code(generate(ReduceConfig("bfloat16", get_target("sm_90a"), w))) for w in (False, True))
+    assert "mul.rn.f32" in weighted and "add_weighted_vector" in weighted and "inverse" not in weighted
+    assert "mul.rn.f32" not in plain and "add_weighted_vector" not in plain and "add_vector(" in plain
+    assert "add_vector(" not in weighted
+    cfg = ReduceConfig("float16", get_target("sm_90a"), True)
+    assert [f[0] for f in param_fields(cfg)] == ["y", "rows", "weights", "out", "ldy", "ldo", "top_k", "vectors"]
+    assert params_struct(cfg).size == 6 * 8 + 2 * 4
+    # the unweighted kernel keeps its config (and so its cache key and name)
+    assert ReduceConfig("float16", get_target("sm_90a")).to_dict() == {"dtype": "float16", "target": "sm_90a"}
+    assert "weighted" in cfg.kernel_name and cfg.kernel_name != ReduceConfig("float16", get_target("sm_90a")).kernel_name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_weighted_kernel_compiles_without_spills(arch):
+    from helpers import assert_no_spills
+
+    for dtype in DTYPES:
+        cfg = ReduceConfig(dtype, get_target(arch), weighted=True)
+        compiled = compile_source(generate(cfg), cfg.kernel_name, arch)
+        assert_no_spills(compiled, cfg.kernel_name)
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 4, 8, 9])
+def test_weighted_reference_is_the_rounded_products_in_torch_order(top_k):
+    """Written out independently: each kept slot's fp32 product weight * row, rounded, then _torch_cuda_sum's order;
+    skipped slots (rows -1) point at NaN rows that must not be read."""
+    g = torch.Generator().manual_seed(top_k)
+    m, h = 40, 24
+    y = (torch.randn(m * top_k + 3, h, generator=g) * torch.exp2(torch.randint(-12, 12, (1, h), generator=g))
+         ).bfloat16()
+    rows = torch.randperm(m * top_k + 3, generator=g)[:m * top_k].int()
+    weights = torch.rand(m * top_k, generator=g)
+    skipped = torch.rand(m * top_k, generator=g) < 0.2
+    y[rows[skipped].long()] = float("nan")
+    rows = torch.where(skipped, torch.full_like(rows, -1), rows)
+    products = torch.zeros(m * top_k, h)
+    for i in range(m * top_k):
+        if rows[i] >= 0:
+            products[i] = weights[i] * y[rows[i]].float()
+    want = _torch_cuda_sum(products, top_k).to(torch.bfloat16)
+    got = weighted_topk_sum_reference(y, rows, weights, top_k, torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(weighted_topk_reduce(y, rows, weights, top_k), got)  # the CPU path is the reference
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rows": torch.zeros(12, dtype=torch.int64)}, "rows must be a contiguous int32 tensor of 12 entries"),
+    ({"weights": torch.zeros(12, dtype=torch.float16)}, "weights must be a contiguous float32 tensor of 12 entries"),
+    ({"weights": torch.zeros(11)}, "weights must be a contiguous float32 tensor of 12 entries"),
+    ({"top_k": 5}, "top_k = 5 must be an int >= 0 dividing the 12 entries of rows"),
+    ({"y": torch.zeros(30, 16)}, "bfloat16 / float16"),
+    ({"out": torch.zeros(4, 16)}, "out must be (4, 16) torch.bfloat16"),
+])
+def test_weighted_reduce_errors_name_the_argument(kwargs, message):
+    args = {"y": torch.zeros(30, 16, dtype=torch.bfloat16), "rows": torch.zeros(12, dtype=torch.int32),
+            "weights": torch.zeros(12), "top_k": 3} | kwargs
+    with pytest.raises(ValueError) as info:
+        weighted_topk_reduce(**args)
     assert message in str(info.value)

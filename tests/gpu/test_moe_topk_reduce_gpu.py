@@ -129,13 +129,15 @@ def test_cuda_graph_replay_without_sync():
 
 @pytest.mark.parametrize("m", [1, 7, 128, 1000])
 def test_quant_moe_output_is_the_old_torch_paths_bits(m):
-    """QuantMoE's forward (top-k reduction kernel, GEMM2 into torch.empty rows) against its former body run by
-    hand: the same GEMM launches into zero-filled rows, then torch.sum over the slots in fp32 and the cast. MoE
-    GEMMs never split K, so their rows are the same bits in both; the outputs must be too."""
+    """QuantMoE's forward with the indexed down GEMM (top-k reduction kernel, GEMM2 into torch.empty rows) against its
+    former body run by hand: the same GEMM launches into zero-filled rows, then torch.sum over the slots in fp32 and
+    the cast. MoE GEMMs never split K, so their rows are the same bits in both; the outputs must be too. (The grouped
+    down GEMM applies the router weight in the reduction instead: test_quant_moe_grouped_down.py checks its bits.)"""
     torch.manual_seed(m)
     e, h, i, top_k = 16, 512, 256, 8
     moe = hg.QuantMoE.from_float(torch.randn(e, 2 * i, h, device="cuda") * 0.05,
-                                 torch.randn(e, h, i, device="cuda") * 0.05, "w4a16-int4-g128", dtype=torch.bfloat16)
+                                 torch.randn(e, h, i, device="cuda") * 0.05, "w4a16-int4-g128", dtype=torch.bfloat16,
+                                 down_gemm="indexed")
     x = torch.randn(m, h, device="cuda").bfloat16()
     weights, ids = torch.topk(torch.softmax(torch.randn(m, e, device="cuda"), -1), top_k, dim=-1)
     ids = torch.where(torch.rand(m, top_k, device="cuda") < 0.1, torch.full_like(ids, -1), ids).to(torch.int32)
