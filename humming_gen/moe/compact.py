@@ -30,7 +30,6 @@ from humming_gen.components.ptx.wrappers import GridDependency
 from humming_gen.targets import Target
 
 THREADS = 128  # 4 warps, one assignment each
-HELD_VECTORS = 4  # 16-byte vectors per lane loaded before the row's destination is known (rows up to 2 KB)
 VERSION = "0.1.0"
 
 
@@ -70,8 +69,7 @@ def components(cfg: CompactConfig) -> list[Component]:
 
 
 def constants(cfg: CompactConfig) -> list[tuple[str, int, str]]:
-    return [("kThreads", THREADS, "threads per CTA"), ("kWarps", THREADS // 32, "assignments per CTA"),
-            ("kHeldVectors", HELD_VECTORS, "vectors per lane loaded before the destination is known")]
+    return [("kThreads", THREADS, "threads per CTA"), ("kWarps", THREADS // 32, "assignments per CTA")]
 
 
 def param_fields(cfg: CompactConfig) -> list[tuple[str, str, str]]:
