@@ -1,10 +1,11 @@
-"""QuantMoE: a Mixture-of-Experts layer of quantized experts, run as moe_align + two indexed GEMMs.
+"""QuantMoE: a Mixture-of-Experts layer of quantized experts, run as moe_align + two MoE GEMMs + the top-k sum.
 
 x (M, H) -> for each token's top-k experts e: act(x @ w13[e]^T + b13[e]) @ w2[e]^T + b2[e], times the router
 weight, summed over the k slots. GEMM1 reads the token rows through the routing and writes one row per assignment,
 the gated activation applied in its epilogue where the kernels can (else by torch on its rows); GEMM2 reads them
-through the same routing, multiplies by the router weight in its epilogue, and the k rows of a token are summed
-(in fp32, in slot order: deterministic).
+through the same routing and multiplies by the router weight in its epilogue (indexed), or, in the larger buckets,
+reads them compacted into per-expert windows (grouped_contiguous; the router weight then applied by the sum); the k
+rows of a token are summed (in fp32, in a fixed order: deterministic).
 
 Schemes that quantize activations (W8A8, W4A8): x is quantized once per forward (humming_gen.quantize_activation,
 per token rows) and GEMM1 gathers rows of its codes and their scales; the gated activation's rows are quantized
@@ -485,7 +486,8 @@ class QuantMoE(torch.nn.Module):
     def run(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
             expert_map: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The eager body of the op: moe_align, GEMM1, gated activation, GEMM2 (router weight), the top-k reduction
-        (humming_gen.moe.reduce: fp32, deterministic, the bits of torch.sum over the slots then the cast).
+        (humming_gen.moe.reduce: fp32, deterministic, the bits of torch.sum over the slots then the cast); in the
+        buckets of `down_gemms` "grouped_contiguous", the row compaction, the grouped GEMM2 and the weighted sum.
         Never synchronises with the host; `out` (M, H), when given, receives the result."""
         from humming_gen.moe import moe_align
         from humming_gen.moe.compact import compact_offsets
