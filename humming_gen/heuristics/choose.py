@@ -227,15 +227,18 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
 
 # QuantMoE's down GEMM reads GEMM1's rows in per-expert windows (down_gemm="grouped_contiguous": a row compaction,
 # the grouped kernel, the weighted top-k sum) in the warp-specialized buckets that end above GROUPED_DOWN_FROM_ROWS
-# rows per expert (the open-ended one), and in every warp-specialized bucket where the hidden size is at least
-# GROUPED_DOWN_WIDE times the intermediate one: the compaction moves rows x I, while the indexed epilogue's per-row
-# work (router weight, assignment lookups, scatter) is paid on rows x H outputs. Whole layer, W4A16 int4 g128, H200,
-# graph us, indexed -> grouped (bench/moe_bench.py --down-gemm, 2026-12-02): DeepSeek-V3 per rank (H / I = 28) M =
-# 1024 / 4096: 561.4 / 1344.9 -> 532.4 / 1191.0; Qwen3-30B-A3B (2.7) 340.1 / 862.4 -> 346.3 / 832.8; gpt-oss-120b (1)
-# 983.3 / 2471.7 -> 998.6 / 2305.4. The standard pipeline's buckets (M <= 128 here) lost 6-11 % grouped (DeepSeek
-# M = 16 / 128: 96.1 / 232.2 -> 110.5 / 255.5).
+# rows per expert (the open-ended one), and, where the hidden size is at least GROUPED_DOWN_WIDE times the
+# intermediate one, in those bound at GROUPED_DOWN_WIDE_FROM_ROWS or more: the compaction moves rows x I, while the
+# indexed epilogue's per-row work (router weight, assignment lookups, scatter) is paid on rows x H outputs. Whole
+# layer, H200, graph us, indexed -> grouped (bench/moe_bench.py --down-gemm, 2026-12-02), W4A16 int4 g128:
+# DeepSeek-V3 per rank (H / I = 28) M = 1024 / 4096: 561.4 / 1344.9 -> 532.4 / 1191.0; Qwen3-30B-A3B (2.7) 340.1 /
+# 862.4 -> 346.3 / 832.8; gpt-oss-120b (1) 983.3 / 2471.7 -> 998.6 / 2305.4. The small buckets lost: the standard
+# pipeline's (DeepSeek W4A16 M = 16 / 128: 96.1 / 232.2 -> 110.5 / 255.5) and W8A8's warp-specialized ones below 32
+# rows per expert (DeepSeek fp8 block128 M = 1 / 16 / 128, two runs: 42.7 / 154.6 / 372.1 and 43.5 / 155.5 / 373.4
+# -> 49.5 / 165.3 / 374.6 and 49.4 / 164.8 / 376.1).
 GROUPED_DOWN_FROM_ROWS = 64
 GROUPED_DOWN_WIDE = 4
+GROUPED_DOWN_WIDE_FROM_ROWS = 32
 
 
 def moe_down_gemms(requested: str | None, down: LayerConfig, down_plan: TuningPlan,
@@ -243,8 +246,8 @@ def moe_down_gemms(requested: str | None, down: LayerConfig, down_plan: TuningPl
     """The down GEMM type of each bucket of a QuantMoE (`down`: its down GEMM, n = H, k = I; `down_plan`: its indexed
     buckets): `requested` everywhere ("indexed" or "grouped_contiguous"; ValueError naming the buckets where GEMM1
     writes GEMM2's quantized input in the indexed layout, fused_quantization), or None: grouped in the
-    warp-specialized buckets that GROUPED_DOWN_FROM_ROWS / GROUPED_DOWN_WIDE pick, with the deterministic top-k
-    reduction and no fused quantization."""
+    warp-specialized buckets that GROUPED_DOWN_FROM_ROWS / GROUPED_DOWN_WIDE / GROUPED_DOWN_WIDE_FROM_ROWS pick,
+    with the deterministic top-k reduction and no fused quantization."""
     if requested == "indexed" or topk_reduce == "atomic":
         return ("indexed",) * len(down_plan.buckets)
     if requested == "grouped_contiguous":
@@ -256,5 +259,6 @@ def moe_down_gemms(requested: str | None, down: LayerConfig, down_plan: TuningPl
         return ("grouped_contiguous",) * len(down_plan.buckets)
     wide = down.n >= GROUPED_DOWN_WIDE * down.k
     return tuple("grouped_contiguous" if t.pipeline == "warp_specialized" and not fused
-                 and (m is None or m > GROUPED_DOWN_FROM_ROWS or wide) else "indexed"
+                 and (m is None or m > GROUPED_DOWN_FROM_ROWS or (wide and m >= GROUPED_DOWN_WIDE_FROM_ROWS))
+                 else "indexed"
                  for (m, t), fused in zip(down_plan.buckets, fused_quantization))

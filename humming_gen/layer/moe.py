@@ -178,7 +178,7 @@ class QuantMoE(torch.nn.Module):
     of the weight and the rounded row, where the indexed path rounds the weighted row; both sum in the same order),
     which spares the down GEMM's per-row lookups and scatter (DeepSeek-V3 W4A16 down at M = 4096: README, Speed).
     None (the default): grouped where the heuristics measured it faster (humming_gen.heuristics.moe_down_gemms:
-    warp-specialized buckets above 64 rows per expert, and all of them where H >= 4 I), with the deterministic
+    warp-specialized buckets above 64 rows per expert, and those from 32 where H >= 4 I), with the deterministic
     top-k reduction and no fused_quantization in the bucket; "grouped_contiguous" refuses those. `self.down_gemms`
     says each bucket's. Batch invariance holds on either path."""
 

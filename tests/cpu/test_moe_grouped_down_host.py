@@ -6,6 +6,7 @@ compaction and the weighted top-k sum, against the float64 reference MoE, throug
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -83,6 +84,13 @@ def test_moe_down_gemms_requests():
     assert moe_down_gemms(None, layer, plan, fused, "deterministic")[-1] == "indexed"
     with pytest.raises(ValueError, match=r"buckets of rows per expert open \(fused_quantization\)"):
         moe_down_gemms(GROUPED, layer, plan, fused, "deterministic")
+    # W8A8-like buckets, every one warp-specialized: a wide down GEMM (H >= 4 I) groups from the bucket bound 32 on,
+    # a narrow one only the open-ended bucket
+    ws = type("Tuning", (), {"pipeline": "warp_specialized"})()
+    plan = type("Plan", (), {"buckets": [(8, ws), (16, ws), (64, ws), (None, ws)]})()
+    wide, narrow = attrs.evolve(layer, n=8 * layer.k), attrs.evolve(layer, n=2 * layer.k)
+    assert moe_down_gemms(None, wide, plan, (False,) * 4, "deterministic") == ("indexed", "indexed", GROUPED, GROUPED)
+    assert moe_down_gemms(None, narrow, plan, (False,) * 4, "deterministic") == ("indexed",) * 3 + (GROUPED,)
 
 
 @pytest.mark.parametrize("kwargs, message", [
