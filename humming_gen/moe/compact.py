@@ -27,6 +27,7 @@ import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.base import Component
 from humming_gen.components.ptx.wrappers import GridDependency
+from humming_gen.reference.moe import MoeAlignment
 from humming_gen.targets import Target
 
 THREADS = 128  # 4 warps, one assignment each
@@ -89,6 +90,11 @@ def param_fields(cfg: CompactConfig) -> list[tuple[str, str, str]]:
             ("vectors", "int", "16-byte vectors per row")]
 
 
+def params_struct(cfg: CompactConfig) -> struct.Struct:
+    """struct.Struct packing Params with C alignment (8-byte fields aligned, tail padded to 8)."""
+    return standalone.params_struct(param_fields(cfg))
+
+
 def generate(cfg: CompactConfig, compiler: str | None = None) -> str:
     """The kernel's complete .cu (deterministic)."""
     return standalone.render_source(cfg, "moe/compact_rows_header.cuh.j2", VERSION, components(cfg), constants(cfg),
@@ -142,7 +148,7 @@ def compact_rows_reference(src: torch.Tensor, inverse: torch.Tensor, expert_ids:
     return rows.to(torch.int32)
 
 
-def compact_rows(src: torch.Tensor, routing, block_m: int, offsets: torch.Tensor, dst: torch.Tensor,
+def compact_rows(src: torch.Tensor, routing: MoeAlignment, block_m: int, offsets: torch.Tensor, dst: torch.Tensor,
                  target: Target, compiler: str | None = None) -> torch.Tensor:
     """Copy each routed assignment's row of `src` ((M * top_k, K), row i = assignment i) into its expert's window of
     `dst` (rows [offsets[e], offsets[e + 1]) hold expert e's assignments in assignment order), and return `rows`
@@ -168,6 +174,3 @@ def compact_rows(src: torch.Tensor, routing, block_m: int, offsets: torch.Tensor
             kernel_for(target, compiler).launch(numel, values, index)
     return rows
 
-
-def params_struct(cfg: CompactConfig) -> struct.Struct:
-    return standalone.params_struct(param_fields(cfg))

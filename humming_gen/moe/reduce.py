@@ -125,10 +125,9 @@ def param_fields(cfg: ReduceConfig) -> list[tuple[str, str, str]]:
     else:
         slots = [("y", "const void*", f"(m * top_k, n) {cfg.dtype} assignment rows, row stride ldy elements"),
                  ("inverse", "const int*", "(m * top_k,) moe_align's position of each assignment, -1 if skipped")]
-    return slots + [
-            ("out", "void*", f"(m, n) {cfg.dtype}, row stride ldo elements"),
-            ("ldy", "long long", ""), ("ldo", "long long", ""),
-            ("top_k", "int", "assignments per token"), ("vectors", "int", "n / kVector")]
+    return slots + [("out", "void*", f"(m, n) {cfg.dtype}, row stride ldo elements"),
+                    ("ldy", "long long", ""), ("ldo", "long long", ""),
+                    ("top_k", "int", "assignments per token"), ("vectors", "int", "n / kVector")]
 
 
 def params_struct(cfg: ReduceConfig) -> struct.Struct:
