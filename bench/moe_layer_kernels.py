@@ -4,7 +4,7 @@ time goes (routing, GEMM1, the row compaction, quantization, GEMM2, the top-k su
 
 Usage: python bench/moe_layer_kernels.py [--model deepseek|qwen3|gptoss] [--m 4096] [--scheme w4a16-int4-g128]
        [--down-gemm indexed,grouped_contiguous]
-Prints one markdown table per path: kernel, calls, us per forward (the median of --repeats profiled forwards).
+Prints one markdown table per path: kernel and us per forward (the median of --repeats profiled forwards).
 """
 
 from __future__ import annotations

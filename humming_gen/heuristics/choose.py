@@ -248,6 +248,9 @@ def moe_down_gemms(requested: str | None, down: LayerConfig, down_plan: TuningPl
     writes GEMM2's quantized input in the indexed layout, fused_quantization), or None: grouped in the
     warp-specialized buckets that GROUPED_DOWN_FROM_ROWS / GROUPED_DOWN_WIDE / GROUPED_DOWN_WIDE_FROM_ROWS pick,
     with the deterministic top-k reduction and no fused quantization."""
+    if requested == "grouped_contiguous" and topk_reduce == "atomic":
+        raise ValueError("down_gemm='grouped_contiguous' writes unweighted rows for the deterministic top-k "
+                         "reduction; topk_reduce='atomic' needs the indexed down GEMM (down_gemm='indexed' or None)")
     if requested == "indexed" or topk_reduce == "atomic":
         return ("indexed",) * len(down_plan.buckets)
     if requested == "grouped_contiguous":

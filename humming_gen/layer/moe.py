@@ -178,9 +178,9 @@ class QuantMoE(torch.nn.Module):
     of the weight and the rounded row, where the indexed path rounds the weighted row; both sum in the same order),
     which spares the down GEMM's per-row lookups and scatter (DeepSeek-V3 W4A16 down at M = 4096: README, Speed).
     None (the default): grouped where the heuristics measured it faster (humming_gen.heuristics.moe_down_gemms:
-    warp-specialized buckets above 64 rows per expert, and those from 32 where H >= 4 I), with the deterministic
-    top-k reduction and no fused_quantization in the bucket; "grouped_contiguous" refuses those. `self.down_gemms`
-    says each bucket's. Batch invariance holds on either path."""
+    the warp-specialized open-ended bucket, above 64 rows per expert, and where H >= 4 I the one bounded at 64, 17-64
+    rows per expert), with the deterministic top-k reduction and no fused_quantization in the bucket;
+    "grouped_contiguous" refuses those. `self.down_gemms` says each bucket's. Batch invariance holds on either path."""
 
     def __init__(self, q13: QuantizedWeight, q2: QuantizedWeight, *, activation: str = "silu_mul",
                  gate_up_layout: str = "split", bias13: torch.Tensor | None = None, bias2: torch.Tensor | None = None,
@@ -320,8 +320,10 @@ class QuantMoE(torch.nn.Module):
                                                    moe_layers=layers), self.target)
                         for i, ((_, t), down) in enumerate(zip(plans[1].buckets, self.down_gemms))
                         if down == "grouped_contiguous"]
-        assert all(p.layout == gemm[0].layout for gemm in composed + [grouped_down] for p in gemm), \
-            "a GEMM's buckets share its weight"
+        assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
+        assert all(p.layout == composed[1][0].layout for p in grouped_down), "the grouped down GEMMs share w2"
+        # their launchers are bound without a scratch bound (below): no split-K
+        assert all(p.tuning.split_k == 1 for p in grouped_down), "grouped down GEMMs never split K"
         kernels = build_many(composed[0] + composed[1] + grouped_down, compiler=compiler)
         k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):2 * len(self.buckets)]
         k2_grouped = iter(kernels[2 * len(self.buckets):])

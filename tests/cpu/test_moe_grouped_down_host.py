@@ -50,11 +50,14 @@ def test_forward_runs_compaction_grouped_gemm_and_weighted_sum():
         x = torch.randn(m, H, dtype=torch.bfloat16)
         weights, ids = routing(m, seed=m)
         ids[0] = -1  # a token with every slot dropped gives a zero row
+        bucket = moe.bucket_for(m, TOP_K)
+        calls = [g.calls for g in moe._grouped_down]
         out = moe(x, weights, ids)
         assert torch.equal(out[0], torch.zeros(H, dtype=torch.bfloat16))
         assert rel(out, reference_fused_moe(x.double(), w13, w2, weights.double(), ids)) < 2e-2
-        bucket = moe.bucket_for(m, TOP_K)
-        assert moe._grouped_down[bucket].calls >= 1 and moe._launchers[bucket][1].calls == 0
+        # this batch's bucket ran its grouped launcher once, no other bucket's, and no indexed down GEMM
+        assert [g.calls - c for g, c in zip(moe._grouped_down, calls)] == [int(b == bucket) for b in range(len(calls))]
+        assert moe._launchers[bucket][1].calls == 0
 
 
 def test_default_choice_per_bucket():
@@ -80,6 +83,8 @@ def test_moe_down_gemms_requests():
     n = len(moe.buckets)
     assert moe_down_gemms(GROUPED, layer, plan, (False,) * n, "deterministic") == (GROUPED,) * n
     assert moe_down_gemms(None, layer, plan, (False,) * n, "atomic") == ("indexed",) * n
+    with pytest.raises(ValueError, match="topk_reduce='atomic' needs the indexed down GEMM"):
+        moe_down_gemms(GROUPED, layer, plan, (False,) * n, "atomic")
     fused = (False,) * (n - 1) + (True,)
     assert moe_down_gemms(None, layer, plan, fused, "deterministic")[-1] == "indexed"
     with pytest.raises(ValueError, match=r"buckets of rows per expert open \(fused_quantization\)"):

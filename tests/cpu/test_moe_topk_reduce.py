@@ -212,7 +212,8 @@ def test_weighted_reference_is_the_rounded_products_in_torch_order(top_k):
     want = _torch_cuda_sum(products, top_k).to(torch.bfloat16)
     got = weighted_topk_sum_reference(y, rows, weights, top_k, torch.bfloat16)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    assert torch.equal(weighted_topk_reduce(y, rows, weights, top_k), got)  # the CPU path is the reference
+    # the public function's argument handling (output dtype and shape) on CPU tensors, which take the reference
+    assert torch.equal(weighted_topk_reduce(y, rows, weights, top_k), got)
 
 
 @pytest.mark.parametrize("kwargs, message", [
