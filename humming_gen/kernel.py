@@ -294,7 +294,8 @@ class Launcher:
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
             topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
-            out_top_k: int | None = None, out_scale: torch.Tensor | None = None) -> None:
+            out_top_k: int | None = None, out_scale: torch.Tensor | None = None,
+            window_offsets: torch.Tensor | None = None) -> None:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
         other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does.
@@ -303,7 +304,10 @@ class Launcher:
         adds assignment row i into row i // out_top_k of `out` instead (fp32, (rows / out_top_k, N), zeroed by the
         caller); only such a kernel takes `out_top_k`. A kernel whose epilogue quantizes its output
         (ComputeConfig.epilogue_quantization) writes codes into `out` (rows of bytes) and their scales into
-        `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there."""
+        `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there. A
+        kernel that writes expert windows (ComputeConfig.output_rows) takes `window_offsets`, the (E + 1,) int32
+        first row of each expert's window (humming_gen.moe.compact.compact_offsets of the routing), and writes
+        routed position pos of expert e to row pos - routing.expert_offsets[e] + window_offsets[e] of `out`."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -336,6 +340,13 @@ class Launcher:
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
+        if ("compact_offsets" in slots) != (window_offsets is not None):
+            raise ValueError(f"kernel {self.kernel.name}: " + (
+                "it writes expert windows; pass window_offsets" if window_offsets is None
+                else "window_offsets given, but this kernel writes one row per assignment"))
+        if window_offsets is not None:
+            values[slots["expert_offsets"]] = routing.expert_offsets.data_ptr()
+            values[slots["compact_offsets"]] = window_offsets.data_ptr()
         if self._scratch_slots and rows > self._scratch_rows:  # split-K: a bigger routing than bound (eager only)
             self._grow_scratch(rows)
         self._launch(a, out, rows)  # m counts assignment rows

@@ -289,13 +289,14 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
     # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     routed_gemm1 = compute.gemm == "indexed" and not compute.topk_weight
+    windows = compute.output_rows == "expert_windows"  # GEMM1's rows into expert windows: the direct store's
     # (an atomic top-k reduction adds into the tokens' fp32 rows directly, unstaged: epilogue.topk_atomic)
-    staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None
+    staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None and not windows
     epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K),
         bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
-        gated=compute.epilogue_activation or "", tile_rows=gather,
+        gated=compute.epilogue_activation or "", tile_rows=gather, windows=windows,
         **({"prefetch_rows": True} if staged and gather and PREFETCH_CHUNK_ROWS else {}))))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
@@ -306,7 +307,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
                                        split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
-                                       staged_store=staged)
+                                       staged_store=staged, expert_windows=windows,
+                                       **({"c_bytes": 4 if layer.out_dtype == "float32" else 2} if windows else {}))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
