@@ -10,7 +10,8 @@ import attrs
 import torch
 
 from humming_gen.codegen import KernelPlan, compose, render
-from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC, OUT_TOP_K, OUTPUT,
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_MAP, ACTIVATION_SCALE, BIAS, CTYPES, LDA, LDC,
+                                        OUT_TOP_K, OUTPUT,
                                         OUTPUT_SCALE,
                                         ROUTING, ROWS, SCRATCH, TOP_K, WEIGHT, KernelArg, PersistentLaunch)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
@@ -19,6 +20,7 @@ import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
 from humming_gen.runtime.launch import max_active_clusters
+from humming_gen.runtime.tensor_map import ActivationMaps
 from humming_gen.targets import Target, get_target
 
 LAUNCH_CACHE_SIZE = 4  # launchers Kernel.launch keeps (oldest dropped first); QuantLinear binds its own
@@ -55,7 +57,9 @@ class Kernel:
         self._launchers: dict[tuple, Launcher] = {}
         fmt = "<" + "".join(CTYPES[a.ctype] for a in plan.args)
         size = struct.calcsize(fmt)
-        self._struct = struct.Struct(fmt + "x" * ((-size) % 8))
+        # C pads Params to its alignment: 64 bytes with a TensorMap (its first field), else 8
+        align = 64 if any(a.ctype == "TensorMap" for a in plan.args) else 8
+        self._struct = struct.Struct(fmt + "x" * ((-size) % align))
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, target={self.plan.target.name}, smem={self.plan.shared_bytes} B)"
@@ -64,7 +68,8 @@ class Kernel:
     def activation_layout(self) -> str:
         """How the kernel reads its activation codes: "panels" (TuningConfig.a_load='tma' or 'tma_multicast': quantize with
         quantize_activation(x, scheme, layout="panels")), else "rows"."""
-        return "panels" if self.plan.tuning.a_load in PANEL_LOADS else "rows"
+        quantized = self.plan.layer.scheme.activation is not None  # (16-bit a_load='tma' reads rows by tensor map)
+        return "panels" if quantized and self.plan.tuning.a_load in PANEL_LOADS else "rows"
 
     @property
     def a_scale_alignment(self) -> int:
@@ -132,18 +137,19 @@ class Launcher:
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
                  "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",
-                 "_a_scale_alignment", "_routing_slots", "_grids", "_panels")
+                 "_a_scale_alignment", "_routing_slots", "_grids", "_panels", "_a_map_slot", "_a_maps")
 
     def __init__(self, kernel: Kernel, weight, bias: torch.Tensor | None, device: torch.device, max_m: int | None):
         plan = kernel.plan
         self.kernel, self.weight, self.bias, self.device = kernel, weight, bias, torch.device(device)
-        self._values: list[int] = []
+        self._values: list[int | bytes] = []
         self._per_call: dict[str, int] = {}  # kind -> index in _values
         self._scratch_slots: dict[str, int] = {}
         self._routing_slots: dict[str, int] = {}  # MoE: routing tensor -> index in _values
         for a in plan.args:
             self._values.append(self._bound_value(a))
-            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K, OUT_TOP_K, OUTPUT_SCALE):
+            if a.kind in (ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, TOP_K, OUT_TOP_K, OUTPUT_SCALE,
+                          ACTIVATION_MAP):
                 self._per_call[a.kind] = len(self._values) - 1
             elif a.kind == ROUTING:
                 self._routing_slots[a.tensor] = len(self._values) - 1
@@ -153,6 +159,10 @@ class Launcher:
         if missing:
             raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
         self._a_scale_slot = self._per_call.get(ACTIVATION_SCALE)
+        # a_load='tma': the activation's tensor map, encoded per (address, rows, row stride) and kept
+        self._a_map_slot = self._per_call.get(ACTIVATION_MAP)
+        self._a_maps = (ActivationMaps(plan.layer.dtype, plan.layer.k, plan.tuning.block_m)
+                        if self._a_map_slot is not None else None)
         self._a_scale_alignment = kernel.a_scale_alignment
         self._panels = kernel.activation_layout == "panels"  # a: (K / 128, m, 128) codes, lda the panel stride
         self._struct = kernel._struct
@@ -192,7 +202,9 @@ class Launcher:
             self._grid = attrs.evolve(launch, slots=min(launch.slots, sms, clusters * size)).grid
             self._grids.clear()
 
-    def _bound_value(self, a: KernelArg) -> int:
+    def _bound_value(self, a: KernelArg) -> int | bytes:
+        if a.ctype == "TensorMap":
+            return bytes(128)  # set per call
         if a.kind == WEIGHT:
             t = getattr(self.weight, a.tensor, None)
             if t is None:
@@ -289,6 +301,8 @@ class Launcher:
         values, at = self._values, self._per_call
         values[at[ACTIVATION]], values[at[OUTPUT]] = a, out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, lda, out.stride(0)
+        if self._a_maps is not None:
+            values[self._a_map_slot] = self._a_maps(a, m, lda)
         runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                        pdl=self._pdl)
 

@@ -12,8 +12,10 @@ def cfg_namespace(src: str) -> str:
 
 
 def params_struct(src: str) -> str:
-    """The `struct Params { ... };` of the kernel's arguments."""
-    return re.search(r"struct Params \{.*?\n\};", src, re.S).group(0)
+    """The `struct Params { ... };` of the kernel's arguments (after the TensorMap struct its first field may be)."""
+    tensor_map = re.search(r"struct alignas\(64\) TensorMap \{.*?\n\};", src, re.S)
+    params = re.search(r"struct Params \{.*?\n\};", src, re.S).group(0)
+    return (tensor_map.group(0) + "\n" + params) if tensor_map else params
 
 
 def params_fields(params: str) -> list[str]:

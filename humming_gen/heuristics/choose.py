@@ -221,7 +221,7 @@ def grouped_moe_tuning(standard: TuningPlan, layer: LayerConfig, compute: Comput
         bound, block_m = next((m, bm) for m, bm in MOE_BUCKETS if m is None or rows <= m)
         start = ws_moe_from_rows(moe_layers or [layer])
         if not reasons and (pipeline == "warp_specialized" or bound is None or bound >= start):
-            return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute))
+            return moe_tuning_for(layer, target, block_m, reserved=expert_prefix_bytes(layer, compute), grouped=True)
     return moe_small_tile(layer, target, attrs.evolve(standard.for_m(rows), split_k=1))
 
 

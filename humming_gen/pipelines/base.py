@@ -50,9 +50,11 @@ ROUTING = "routing"      # per call, MoE: a routing tensor (`tensor`: a MoeAlign
 TOP_K = "top_k"          # per call, MoE: assignments per activation row (a row of a is read for `top_k` of them)
 OUT_TOP_K = "out_top_k"  # per call, MoE atomic top-k reduction: assignments per output row (row i / out_top_k)
 OUTPUT_SCALE = "output_scale"  # per call: scales of an output quantized in the epilogue (or its static scale)
+ACTIVATION_MAP = "activation_map"  # per call: the TMA tensor map of the activation (runtime.tensor_map), first field
 ARG_KINDS = (WEIGHT, BIAS, SCRATCH, ACTIVATION, OUTPUT, ROWS, LDA, LDC, ACTIVATION_SCALE, ROUTING, TOP_K, OUT_TOP_K,
-             OUTPUT_SCALE)
-CTYPES = {"const void*": "Q", "void*": "Q", "int": "i"}
+             OUTPUT_SCALE, ACTIVATION_MAP)
+# struct formats of the Params field types; a TensorMap (128 bytes, 64-byte aligned) is the first field where present
+CTYPES = {"const void*": "Q", "void*": "Q", "int": "i", "TensorMap": "128s"}
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedS
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import (ACTIVATION, BIAS, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K,
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_MAP, BIAS, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K,
                                         WEIGHT, GroupPlan, KernelArg, WeightLayout)
 from humming_gen.schemes import QuantScheme
 from humming_gen.schemes.packing import BLayout
@@ -196,11 +196,13 @@ def weight_layout(layer: LayerConfig, b_layout: BLayout, n_pad: int, group: Grou
 
 
 def dense_args(layer: LayerConfig, group: GroupPlan | None, split_k: bool, warp_k: int,
-               compute: ComputeConfig | None = None) -> tuple[KernelArg, ...]:
+               compute: ComputeConfig | None = None, a_map: bool = False) -> tuple[KernelArg, ...]:
     """The Params fields of a dense (or, with an MoE `compute`, MoE) kernel, in struct order (`warp_k`: the weight
-    layout's, for out_scale_of)."""
+    layout's, for out_scale_of); `a_map`: the activations come by TMA, through a tensor map (the first field)."""
     dtype = layer.dtype
-    args = [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
+    args = [KernelArg("a_map", "TensorMap", ACTIVATION_MAP, f"TMA map of a: (m, k) {dtype}, 128-byte swizzle")
+            ] if a_map else []
+    args += [KernelArg("a", "const void*", ACTIVATION, f"activations (m, k) {dtype}, row stride lda"),
             KernelArg("b", "const void*", WEIGHT, "packed weights (humming_gen.schemes.packing)", tensor="b")]
     if group is not None:
         carried = scale_exponent(layer, group, warp_k)

@@ -21,6 +21,7 @@ import humming_gen.activation.api as api
 import humming_gen.moe.align as align
 import humming_gen.moe.reduce as reduce
 import humming_gen.runtime as runtime
+import humming_gen.runtime.tensor_map as tensor_map
 from humming_gen.layer import eager
 from humming_gen.layer.eager import direct_call
 from humming_gen.runtime.module import LoadedKernel
@@ -76,6 +77,8 @@ def launches(monkeypatch):
     monkeypatch.setattr(launch_mod, "_launch_fn", lambda config, function, argv, flags: (0,))
     monkeypatch.setattr(launch_mod, "_success", 0)
     monkeypatch.setattr(launch_mod, "_stream_getter", lambda: 0)
+    # (a tensor map is encoded by the driver: a stand-in of its 128 bytes)
+    monkeypatch.setattr(tensor_map, "encode_activation_map", lambda address, *args: struct.pack("<Q", address) * 16)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(api, "_DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(api, "_target", lambda device: TARGET)

@@ -31,12 +31,13 @@ def launches(monkeypatch):
 
 
 def _fields(kernel, params: bytes) -> dict[str, int]:
-    fmt = "<" + "".join({"const void*": "Q", "void*": "Q", "int": "i"}[a.ctype] for a in kernel.plan.args)
+    fmt = "<" + "".join({"const void*": "Q", "void*": "Q", "int": "i", "TensorMap": "128s"}[a.ctype]
+                        for a in kernel.plan.args)
     return dict(zip((a.name for a in kernel.plan.args), struct.unpack_from(fmt, params)))
 
 
-def _launcher(layer, compute, m, moe=False, bias=None):
-    tuning = choose_tunings(layer, TARGET, pipeline="standard").for_m(m)
+def _launcher(layer, compute, m, moe=False, bias=None, pipeline="standard"):
+    tuning = choose_tunings(layer, TARGET, pipeline=pipeline).for_m(m)
     plan = compose(layer, compute, attrs.evolve(tuning, split_k=1) if moe else tuning, TARGET)
     kernel = build_many([plan])[0]
     q = layer.scheme.quantize(torch.randn(*((layer.num_experts,) if moe else ()), layer.n, layer.k) * 0.05)
@@ -86,3 +87,45 @@ def test_moe_launches_pack_the_routing(launches):
     f = _fields(kernel, params)
     assert grid == kernel.plan.grid(40)
     assert (f["a"], f["c"], f["m"], f["expert_layout"]) == (a.data_ptr(), out.data_ptr(), 40, counts.data_ptr())
+
+
+def test_tma_launch_packs_the_activation_map_first(launches, monkeypatch):
+    """A dense warp-specialized kernel of 16-bit activations (a_load='tma') takes the tensor map of a as its first,
+    64-byte aligned field: encoded for (address, rows, columns K, row stride, box rows = block_m) once per
+    (address, rows, row stride), the struct padded to 64 bytes as C pads Params."""
+    import humming_gen.runtime.tensor_map as tensor_map
+
+    encoded = []
+
+    def encode(address, dtype, rows, cols, row_stride, box_rows):
+        encoded.append((address, dtype, rows, cols, row_stride, box_rows))
+        return struct.pack("<QQQQQQ", address, rows, cols, row_stride, box_rows, len(encoded)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensor_map, "encode_activation_map", encode)
+    layer = LayerConfig(n=512, k=1024, scheme="w4a16-int4-g128")
+    kernel, launcher, weight = _launcher(layer, ComputeConfig(), 300, pipeline="warp_specialized")
+    assert kernel.plan.tuning.a_load == "tma" and kernel.plan.args[0].name == "a_map"
+    assert kernel._struct.size % 64 == 0
+    a, out = torch.randn(300, 1032).bfloat16()[:, :1024], torch.empty(300, 512).bfloat16()
+    for _ in range(2):
+        launcher(a, out)
+    f = _fields(kernel, launches[-1][1])
+    assert encoded == [(a.data_ptr(), "bfloat16", 300, 1024, 1032, kernel.plan.tuning.block_m)]  # once, then kept
+    assert f["a_map"][:48] == struct.pack("<QQQQQQ", a.data_ptr(), 300, 1024, 1032, kernel.plan.tuning.block_m, 1)
+    assert (f["a"], f["c"], f["m"], f["lda"], f["ldc"]) == (a.data_ptr(), out.data_ptr(), 300, 1032, 512)
+    b = torch.randn(17, 1024).bfloat16()
+    launcher(b, out[:17])
+    assert encoded[-1] == (b.data_ptr(), "bfloat16", 17, 1024, 1024, kernel.plan.tuning.block_m)
+
+
+def test_tensor_map_encoder_refuses_what_tma_cannot_address():
+    from humming_gen.runtime.tensor_map import encode_activation_map
+
+    with pytest.raises(ValueError, match="16-byte aligned address and row stride"):
+        encode_activation_map(0x1008, "bfloat16", 4, 64, 64, 128)
+    with pytest.raises(ValueError, match="16-byte aligned address and row stride"):
+        encode_activation_map(0x1000, "bfloat16", 4, 60, 60, 128)
+    with pytest.raises(ValueError, match="box_rows=300"):
+        encode_activation_map(0x1000, "bfloat16", 4, 64, 64, 300)
+    with pytest.raises(ValueError, match="tensor map dtype 'float32'"):
+        encode_activation_map(0x1000, "float32", 4, 64, 64, 128)

@@ -73,7 +73,10 @@ def test_windowed_source_and_compile(activation, bias):
     store = source[source.index("__device__ __forceinline__ void store_output"):]
     store = store[:store.index("\n}\n")]
     assert "sorted_ids" not in store, "the windowed store writes tile rows, no assignment lookup"
-    assert "expert_window(for_expert(p, tc.expert), tc.expert)" in source
+    assert "expert_window(for_expert(p, tc.expert), window)" in source
+    # the window is read when the unit starts, before the main loop
+    consume = source[source.index("void consume("):]
+    assert consume.index("window_of(p, tc.expert)") < consume.index("wgmma_m64n")
     assert "sorted_ids" in source, "the producer still gathers the activation rows through the routing"
     kernel, = build_many([plan], compiler="nvrtc")
     assert "0 bytes spill" in kernel.compiled.log

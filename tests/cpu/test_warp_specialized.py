@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import attrs
 import pytest
 
 from humming_gen.codegen.compose import ComposeError, compose
@@ -62,24 +63,34 @@ def test_one_packed_weight_serves_both_pipelines(fmt: str) -> None:
     assert len({layout_key(p) for p in plans}) == 1
 
 
+@pytest.mark.parametrize("a_load", ["tma", "cp_async"])
 @pytest.mark.parametrize("m", [64, 128, 256, 1024, 8192])
-def test_barrier_counts_and_registers_match_the_roles(m: int) -> None:
-    """A wrong mbarrier count hangs the kernel: the full barrier expects every producer thread's cp.async arrival
-    plus the one expect_tx, the empty barrier every consumer thread; the register budgets fit the file."""
-    plan = compose(_layer(), ComputeConfig(), choose_tunings(_layer(), SM90).for_m(m), SM90)
+def test_barrier_counts_and_registers_match_the_roles(m: int, a_load: str) -> None:
+    """A wrong mbarrier count hangs the kernel: the full barrier expects the one expect_tx plus, where the producer
+    threads cp.async the activations, each one's arrival; the empty barrier every consumer thread; the register
+    budgets fit the file."""
+    tuning = choose_tunings(_layer(), SM90).for_m(m)
+    assert tuning.a_load == "tma", "dense 16-bit activations come by TMA (heuristics.TMA_ACTIVATIONS)"
+    plan = compose(_layer(), ComputeConfig(), attrs.evolve(tuning, a_load=a_load), SM90)
     src = generate(plan, "nvrtc")
     c = {name: value for name, value, _ in plan.constants}
     assert _constants(src)["kThreads"] == c["kThreads"]
     assert c["kThreads"] == plan.threads == c["kProducerThreads"] + 128 * c["kConsumerWarpgroups"]
     assert c["kConsumerWarps"] == 4 * c["kConsumerWarpgroups"] == c["kWarpsMN"]
-    assert "mbarrier_init(ring.full_bars + 8 * s, cfg::kProducerThreads + 1)" in src
+    full_count = "1" if a_load == "tma" else "cfg::kProducerThreads + 1"
+    assert f"mbarrier_init(ring.full_bars + 8 * s, {full_count})" in src
     assert "mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerThreads)" in src
     assert c["kConsumerThreads"] == 128 * c["kConsumerWarpgroups"]
-    # the arrivals those counts expect: one expect_tx (thread 0) and one cp.async arrival per producer thread per
-    # stage; every consumer thread releases, unconditionally
+    # the arrivals those counts expect: one expect_tx (thread 0) and, with cp.async, one arrival per producer thread
+    # per stage (with TMA, thread 0 issues the activation copies on the same barrier); every consumer thread
+    # releases, unconditionally
     produce = src[src.index("void produce("):src.index("void consume(")]
     assert produce.count("mbarrier_arrive_expect_tx(") == 1 and "if (threadIdx.x == 0)" in produce
-    assert produce.count("cp_async_arrive_noinc(full)") == 1
+    assert produce.count("cp_async_arrive_noinc(full)") == (0 if a_load == "tma" else 1)
+    if a_load == "tma":
+        assert "weight_stage_bytes(tc.n0) + kAStageTxBytes" in produce
+        assert "if (threadIdx.x == 0) load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);" in produce
+        assert "const __grid_constant__ Params p" in src and "cp_async_16(" not in src
     consume = src[src.index("void consume("):]
     release = consume[consume.index("auto release"):consume.index("};", consume.index("auto release"))]
     assert release.strip().endswith("{ mbarrier_arrive(ring.empty_bars + 8 * s);") and "if" not in release
@@ -153,7 +164,6 @@ def test_refusals_name_the_reason() -> None:
 def test_a8_banded_raster_compiles_and_covers_every_tile() -> None:
     """raster='m_band': unit_coord(unit, m) walks bands of BAND_M m tiles; the formula (mirrored here) visits every
     (n tile, m tile) once for any M, the last band short."""
-    import attrs
 
     from humming_gen.config.tuning import BAND_M
     from humming_gen.kernel import build

@@ -194,6 +194,16 @@ class BulkCopy(Component):
 
 
 @attrs.frozen
+class TensorCopy(Component):
+    """cp.async.bulk.tensor (TMA through a tensor map) global -> shared, completing on an mbarrier."""
+
+    template: ClassVar[str] = "ptx/tensor_copy.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"tensor_copy_2d", "prefetch_tensor_map"})
+    requires: ClassVar[frozenset[str]] = frozenset({"tma"})
+
+
+@attrs.frozen
 class AsyncProxyFence(Component):
     """fence.proxy.async: generic-proxy shared writes become visible to wgmma."""
 
@@ -247,6 +257,7 @@ WRAPPERS: dict[str, type[Component]] = {
     "stmatrix_x2": Stmatrix, "prmt": Prmt, "and_or": AndOr, "and_xor": AndXor, "fma2": Fma2,
     "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
     "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "cp_async_drain": CpAsyncDrain, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
+    "tensor_copy": TensorCopy,
     "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
     "cluster": Cluster, "epilogue_sync": EpilogueSync,
 }
@@ -254,7 +265,8 @@ TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "cp_async_drain", "ldmatrix",
              "stmatrix_x1", "stmatrix_x2", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "bulk_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier", "epilogue_sync")
+             "mbarrier", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier",
+             "epilogue_sync")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

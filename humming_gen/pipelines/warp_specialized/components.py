@@ -34,6 +34,24 @@ class ATileSw128CpAsync(Component):
 
 
 @attrs.frozen
+class ATileTma(Component):
+    """16-bit activation tile by TMA (a tensor map per call, one 2-D copy per 64-k panel with the 128-byte swizzle
+    wgmma reads), and its step descriptors: the dense 16-bit kernels' a_load='tma'."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/a_tile_tma.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma"})
+    ptx: ClassVar[tuple[str, ...]] = ("tensor_copy",)
+    provides: ClassVar[frozenset[str]] = frozenset({"kAPanelBytes", "kAPanels", "kAStageTxBytes", "load_a_stage",
+                                                   "smem_descriptor", "a_step_descriptor"})
+    needs: ClassVar[frozenset[str]] = frozenset({"tensor_copy_2d"})
+    dtype: str
+
+    def extra_context(self) -> dict:
+        return {"bytes": 2}  # (the descriptors' k16 steps)
+
+
+@attrs.frozen
 class ATilePanelsBulk(Component):
     """Activation tile of 8-bit codes in the panels layout (quantize_activation(layout="panels")) by one bulk copy
     per stage, and its step descriptors: the dense 8-bit kernels' a_load='tma'."""
@@ -160,8 +178,9 @@ class RingSkeleton:
         return needs
 
     def ring_context(self, a_type: str, a_origin: str) -> dict:
-        """(a_bulk, the activation tile by one bulk copy, is False unless the skeleton sets it.)"""
-        return {"a_bulk": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+        """(a_bulk, the activation tile by one bulk copy, and a_tma, by TMA through a tensor map, are False unless the
+        skeleton sets them.)"""
+        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
                 "release_stage": ("release_stage(ring, stage)" if self.clustered
@@ -194,6 +213,8 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     # gets c and m of the unit's window (expert_window); c_bytes: bytes of an element of c
     expert_windows: bool = option_field()
     c_bytes: int = option_field(2)
+    # the activation tile by TMA (ATileTma: the producer's first thread, no cp.async; Params as __grid_constant__)
+    a_tma: bool = option_field()
     # whole tiles leave through the consumer warps' staging buffers (epilogue.output.StoreOutputStaged), after the
     # ring's barriers (kStagingBytes each)
     staged_store: bool = option_field()
@@ -210,12 +231,15 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
                                      "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
         needs |= set() if self.convert_in_extract else {"convert_pair"}
         needs |= {"load_group_pair"} if self.dequant_params else set()
+        if self.a_tma:
+            needs = (needs - {"cp_async_arrive_noinc", "cp_async_drain"}) | {"kAStageTxBytes", "prefetch_tensor_map"}
         return frozenset(needs)
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
                 "activation_scales": False,
-                **self.ring_context("u16", "activations may come from the previous kernel")}
+                **self.ring_context("u16", "activations may come from the previous kernel"),
+                "a_tma": self.a_tma, "producer_cp_async": not self.a_tma}
 
 
 @attrs.frozen

@@ -31,8 +31,8 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, c
                                           group_plan, kernel_name, out_scale_of, missing_features, missing_symbols,
                                           padded_k, split_k_constants, split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard.moe import expert_bytes, expert_tensors, moe_name_suffix, moe_reasons
-from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, WarpSpecializedPipeline,
-                                                               WeightStageBulk)
+from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, ATileTma,
+                                                               WarpSpecializedPipeline, WeightStageBulk)
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
@@ -187,9 +187,9 @@ def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: b
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activation codes with 'cp_async', 'tma' "
                        f"(one bulk copy of codes in the panels layout) or 'tma_multicast' (half of it into both CTAs "
                        f"of a cluster along N)")
-    elif not a_bulk and t.a_load != "cp_async":
-        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads activations with 'cp_async' (no tensor map "
-                       f"to encode per call)")
+    elif not a_bulk and t.a_load not in ("cp_async", "tma"):
+        reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads 16-bit activations with 'cp_async' or 'tma' "
+                       f"(a tensor map encoded per call; dense kernels)")
     b_load = "tma_multicast" if t.cluster_m > 1 else "tma"
     if t.b_load != b_load or t.scale_load != "tma":
         reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r} with cluster_m={t.cluster_m}: the "
@@ -260,6 +260,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons = (common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + layout_reasons(layer)
                + tuning_reasons(t) + moe_reasons(layer, compute, t))
     reasons += moe_tuning_reasons(t) if gather else []
+    a_tma = t.a_load == "tma"
+    if a_tma and gather:
+        reasons.append("tuning.a_load='tma' with gemm='indexed': its rows are gathered through the routing with "
+                       "'cp_async' (a tensor map serves dense activations and grouped row windows)")
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:
@@ -275,7 +279,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
 
     numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False,
                                                        warp_k=LAYOUT_WARP_K)
-    memory: list[Component] = [ATileSw128CpAsync(dtype=dtype, gather=gather), BChunkShared(bits=s.weight.bits),
+    memory: list[Component] = [ATileTma(dtype=dtype) if a_tma else ATileSw128CpAsync(dtype=dtype, gather=gather),
+                               BChunkShared(bits=s.weight.bits),
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:
         memory.append(GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=False, pair_loads=True))
@@ -307,7 +312,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
                                        split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
-                                       staged_store=staged, expert_windows=windows,
+                                       staged_store=staged, expert_windows=windows, a_tma=a_tma,
                                        **({"c_bytes": 4 if layer.out_dtype == "float32" else 2} if windows else {}))
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
@@ -355,6 +360,6 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                               moe_gemm=compute.gemm if moe else "")
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",
                       kernel_name=name, components=components, constants=tuple(constants),
-                      args=dense_args(layer, group, t.split_k > 1, LAYOUT_WARP_K, compute),
+                      args=dense_args(layer, group, t.split_k > 1, LAYOUT_WARP_K, compute, a_map=a_tma),
                       layout=weight_layout(layer, b_layout, n_pad, group),
                       group=group, shared_bytes=smem.total, threads=threads, pdl=pdl, launch=launch)

@@ -41,6 +41,10 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 MAX_SPLIT = 32
 MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
+# Dense 16-bit activations come by TMA (a tensor map per call, one copy per 64-k panel from the producer's first
+# thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
+# cp.async copies removed from the source: M = 1024 / 4096 / 8192 191.8 / 833.2 / 1737.3 -> 170.3 / 676.5 / 1441.5.
+TMA_ACTIVATIONS = True
 
 
 def _split(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -71,9 +75,14 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
         if len(options) > 1 and 1.25 * min(units, target.sm_count) < options[1][0] <= target.sm_count:
             _, block_m, split = options[1]
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
-                  warps_m=1, warps_n=4 * warpgroups, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma",
-                  split_k=split)
+                  warps_m=1, warps_n=4 * warpgroups, warps_k=1, a_load=_a_load(layer),
+                  b_load="tma", scale_load="tma", split_k=split)
     return deepest(layer, target, fields)
+
+
+def _a_load(layer: LayerConfig) -> str:
+    """Dense activations by TMA (TMA_ACTIVATIONS); MoE rows are gathered or windowed by cp.async."""
+    return "tma" if TMA_ACTIVATIONS and layer.num_experts == 1 else "cp_async"
 
 
 def deepest(layer: LayerConfig, target: Target, fields: dict, reserved: int = 0) -> TuningConfig:
@@ -114,13 +123,16 @@ def restaged(layer: LayerConfig, target: Target, tuning: TuningConfig, **changes
 MOE_BUCKETS = ((8, 8), (16, 16), (64, 64), (None, 128))
 
 
-def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
-    """The tuning of an MoE GEMM with `block_m` tokens per tile (indexed; grouped ones reserve their schedule's
-    expert prefix, `reserved` bytes of static shared memory)."""
+def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0,
+                   grouped: bool = False) -> TuningConfig:
+    """The tuning of an MoE GEMM with `block_m` tokens per tile (indexed; `grouped` ones reserve their schedule's
+    expert prefix, `reserved` bytes of static shared memory, and read their row windows by TMA where
+    TMA_ACTIVATIONS: rows past a window feed only tokens the store skips)."""
     if layer.scheme.activation is not None:
         return moe_tuning_for_a8(layer, target, block_m, reserved)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
-                  warps_m=1, warps_n=8, warps_k=1, a_load="cp_async", b_load="tma", scale_load="tma", split_k=1)
+                  warps_m=1, warps_n=8, warps_k=1, a_load="tma" if grouped and TMA_ACTIVATIONS else "cp_async",
+                  b_load="tma", scale_load="tma", split_k=1)
     return deepest(layer, target, fields, reserved)
 
 
