@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 TOPK_REDUCES = ("deterministic", "atomic")  # QuantMoE(topk_reduce=...)
 DOWN_GEMMS = (None, "indexed", "grouped_contiguous")  # QuantMoE(down_gemm=...)
+# The warp-specialized GEMM1 of 16-bit activations could write the grouped down GEMM's expert windows itself
+# (ComputeConfig.output_rows="expert_windows") instead of the compaction copying its rows there. Measured and left off
+# (H200, W4A16 whole layer, graph us, M = 4096, both orders in one process, bench/tma_ab.py): DeepSeek-V3 per rank
+# 1198.4 copied / 1200.9 windowed, gpt-oss-120b 2272.6 / 2366.6 (Qwen3-30B-A3B, one order: 834.9 / 814.7). True builds
+# the windowed kernels for those buckets (tests/gpu/test_quant_moe_grouped_down.py checks them bit for bit).
+WINDOWED_GEMM1 = False
 
 
 def _bucket_rows(buckets, index: int) -> int:
@@ -173,8 +179,8 @@ class QuantMoE(torch.nn.Module):
     layer has no down GEMM alone (moe_gemm / launcher_for with "w2").
     down_gemm: how a bucket's down GEMM reads and writes its rows. "indexed": through the routing (gathers GEMM1's
     rows, multiplies by the router weight and scatters to the assignment's row in its epilogue). "grouped_contiguous":
-    GEMM1's rows go to per-expert windows (written there by the warp-specialized GEMM1 of 16-bit activations, else
-    copied by humming_gen.moe.compact), the grouped GEMM reads and writes dense windows, and the top-k reduction applies the router weight (weighted_topk_reduce: the fp32 product
+    a kernel (humming_gen.moe.compact) copies GEMM1's rows into per-expert windows, the grouped GEMM reads and
+    writes dense windows, and the top-k reduction applies the router weight (weighted_topk_reduce: the fp32 product
     of the weight and the rounded row, where the indexed path rounds the weighted row; both sum in the same order),
     which spares the down GEMM's per-row lookups and scatter (DeepSeek-V3 W4A16 down at M = 4096: README, Speed).
     None (the default): grouped where the heuristics measured it faster (humming_gen.heuristics.moe_down_gemms:
@@ -310,9 +316,10 @@ class QuantMoE(torch.nn.Module):
                      if any(self.fused_quantization) else None)
         # the buckets whose down GEMM reads GEMM1's rows in per-expert windows: a grouped kernel each
         self.down_gemms = moe_down_gemms(down_gemm, layers[1], plans[1], self.fused_quantization, topk_reduce)
-        # ... and of those, the buckets whose GEMM1 writes the windows itself (the warp-specialized kernels of 16-bit
-        # activations: ComputeConfig.output_rows), the others' rows copied into them (humming_gen.moe.compact)
-        self._windowed = tuple(down == "grouped_contiguous" and t.pipeline == "warp_specialized"
+        # ... and of those, the buckets whose GEMM1 writes the windows itself (WINDOWED_GEMM1: the warp-specialized
+        # kernels of 16-bit activations, ComputeConfig.output_rows), the others' rows copied into them
+        # (humming_gen.moe.compact)
+        self._windowed = tuple(WINDOWED_GEMM1 and down == "grouped_contiguous" and t.pipeline == "warp_specialized"
                                and self.activation_schemes[0] is None
                                for down, (_, t) in zip(self.down_gemms, plans[0].buckets))
         composed = [[compose(layer, quantized if index == 0 and fuse else compute, t, self.target)

@@ -82,7 +82,10 @@ def test_windowed_source_and_compile(activation, bias):
     assert "0 bytes spill" in kernel.compiled.log
 
 
-def test_launcher_checks_the_window_offsets():
+def test_launcher_checks_the_window_offsets(monkeypatch):
+    import humming_gen.layer.moe as moe_module
+
+    monkeypatch.setattr(moe_module, "WINDOWED_GEMM1", True)
     scheme = hg.QuantScheme("int4", group_size=128)
     q13, q2 = scheme.quantize(torch.randn(4, 256, 1024) * 0.05), scheme.quantize(torch.randn(4, 1024, 128) * 0.05)
     moe = hg.QuantMoE.from_quantized(q13, q2, target="sm_90a", device="cpu", down_gemm="grouped_contiguous")

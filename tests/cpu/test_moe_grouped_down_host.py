@@ -43,7 +43,11 @@ def grouped_layer(**kwargs):
     return moe, w13, w2
 
 
-def test_forward_runs_compaction_grouped_gemm_and_weighted_sum():
+@pytest.mark.parametrize("windowed", [False, True], ids=["copied", "windowed-gemm1"])
+def test_forward_runs_compaction_grouped_gemm_and_weighted_sum(windowed, monkeypatch):
+    import humming_gen.layer.moe as moe_module
+
+    monkeypatch.setattr(moe_module, "WINDOWED_GEMM1", windowed)
     moe, w13, w2 = grouped_layer()
     assert set(moe.down_gemms) == {GROUPED} and "down_gemms=" in repr(moe)
     for m in (2, 37, 300):  # a standard bucket and the warp-specialized ones
@@ -59,12 +63,14 @@ def test_forward_runs_compaction_grouped_gemm_and_weighted_sum():
         # this batch's bucket ran its grouped launcher once, no other bucket's, and no indexed down GEMM
         assert [g.calls - c for g, c in zip(moe._grouped_down, calls)] == [int(b == bucket) for b in range(len(calls))]
         assert moe._launchers[bucket][1].calls == 0
-        # GEMM1 into the windows in the warp-specialized buckets, else per assignment then the compaction
-        windowed = moe._windowed[bucket]
-        assert windowed == (moe._launchers[bucket][0].kernel.plan.pipeline == "warp_specialized")
+        # GEMM1 into the windows in the warp-specialized buckets (WINDOWED_GEMM1), else per assignment then the
+        # compaction
+        in_windows = moe._windowed[bucket]
+        assert in_windows == (windowed and moe._launchers[bucket][0].kernel.plan.pipeline == "warp_specialized")
         assert (moe._launchers[bucket][0].calls - gemm1_calls[0],
                 (moe._window_gemm1[bucket] or moe._launchers[bucket][0]).calls - gemm1_calls[1]) == \
-            ((0, 1) if windowed else (1, 1))
+            ((0, 1) if in_windows else (1, 1))
+    assert any(moe._windowed) == windowed
 
 
 def test_default_choice_per_bucket():

@@ -165,9 +165,13 @@ def test_grouped_down_matches_reference_and_the_indexed_layer(case):
 
 @pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
 @pytest.mark.parametrize("mapped", [False, True], ids=["ids", "expert-map"])
-def test_windowed_gemm1_writes_the_compacted_rows(case, mapped):
-    """GEMM1 into the expert windows (ComputeConfig.output_rows) against the per-assignment GEMM1 compacted by the
-    torch reference: the same bits in every window row, nothing written past the windows."""
+def test_windowed_gemm1_writes_the_compacted_rows(case, mapped, monkeypatch):
+    """GEMM1 into the expert windows (ComputeConfig.output_rows, humming_gen.layer.moe.WINDOWED_GEMM1) against the
+    per-assignment GEMM1 compacted by the torch reference: the same bits in every window row, nothing written past
+    the windows; and the layer's forward through them against the float64 reference."""
+    import humming_gen.layer.moe as moe_module
+
+    monkeypatch.setattr(moe_module, "WINDOWED_GEMM1", True)
     weights = _weights(case, seed=11)
     moe = _layer(case, weights, GROUPED)
     e, top_k = moe.num_experts, case[6]
@@ -191,6 +195,9 @@ def test_windowed_gemm1_writes_the_compacted_rows(case, mapped):
     assert used > 0
     assert torch.equal(got[:used].view(torch.int16), want[:used].view(torch.int16))
     assert torch.isnan(got[used:].float()).all(), "rows past the windows must stay unwritten"
+    topk_weights = torch.rand(m, top_k, device="cuda")
+    out = _run(moe, x, topk_weights, ids, table)
+    assert _rel(out, _reference(moe, weights, x, topk_weights, ids, table)) < _tolerance(moe, m)
 
 
 @pytest.mark.parametrize("m", [7, 1000])
