@@ -1,7 +1,7 @@
 """A/B in one process: dense warp-specialized W4A16 layers and grouped MoE GEMMs with the activations by TMA
 (heuristics.TMA_ACTIVATIONS, the default) or by the producer threads' cp.async; and whole W4A16 QuantMoE layers whose
-grouped-down buckets take GEMM1 into the expert windows (the default) or GEMM1 per assignment and the compaction
-copy. Graph method (humming_gen.bench.timing.graph_time_us), layers rotated, us per layer, each pair timed in both
+grouped-down buckets take GEMM1 into the expert windows (humming_gen.layer.moe.WINDOWED_GEMM1, off by default) or
+GEMM1 per assignment and the compaction copy. Graph method (humming_gen.bench.timing.graph_time_us), layers rotated, us per layer, each pair timed in both
 orders and the faster of each kept (a GPU that has run hot for a while clocks lower); the dense rows also report the
 max relative error of each path against float64.
 
@@ -16,6 +16,7 @@ import sys
 import torch
 
 import humming_gen as hg
+import humming_gen.layer.moe as moe_module
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.pipelines.warp_specialized import heuristics
 
@@ -82,12 +83,17 @@ def moe(models: list[str], ms: list[int], fmt: str = "w4a16-int4-g128", count: i
     for name in models:
         spec = MODELS[name]
         layers = []
-        for i in range(count):
-            torch.manual_seed(1000 * i + 7)
-            q13 = quantize_experts(hg.scheme(fmt), spec.experts, 2 * spec.intermediate, spec.hidden)
-            q2 = quantize_experts(hg.scheme(fmt), spec.experts, spec.hidden, spec.intermediate)
-            layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=spec.activation,
-                                                     gate_up_layout=spec.gate_up_layout))
+        own = moe_module.WINDOWED_GEMM1
+        moe_module.WINDOWED_GEMM1 = True  # build the windowed GEMM1s (off by default); _windowed picks per run
+        try:
+            for i in range(count):
+                torch.manual_seed(1000 * i + 7)
+                q13 = quantize_experts(hg.scheme(fmt), spec.experts, 2 * spec.intermediate, spec.hidden)
+                q2 = quantize_experts(hg.scheme(fmt), spec.experts, spec.hidden, spec.intermediate)
+                layers.append(hg.QuantMoE.from_quantized(q13, q2, activation=spec.activation,
+                                                         gate_up_layout=spec.gate_up_layout))
+        finally:
+            moe_module.WINDOWED_GEMM1 = own
         windowed = layers[0]._windowed
         for m in ms:
             b = make_batch(spec, m, seed=m)

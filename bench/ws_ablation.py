@@ -1,5 +1,7 @@
 """Where the warp-specialized W4A16 kernels spend their time: the same kernels with one part of the work removed
-from the generated source (the results are wrong; only the times mean something), timed by the graph method.
+from the generated source (the results are wrong; only the times mean something), timed by the graph method. The
+kernels are those whose producer threads cp.async the activations (heuristics.TMA_ACTIVATIONS off while they are
+built): the measurement that led to the TMA loads.
 
 Variants: base; no_a (the producer issues no activation copies: its arrivals still complete each stage); no_dequant
 (the consumers feed the code words times the group scales to wgmma, one HFMA2 per register instead of the
@@ -22,6 +24,7 @@ import torch
 import humming_gen as hg
 import humming_gen.kernel as kernel_module
 from humming_gen.bench.timing import graph_time_us
+from humming_gen.pipelines.warp_specialized import heuristics
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from moe_bench import MODELS, make_batch, quantize_experts  # noqa: E402
@@ -105,6 +108,7 @@ def main() -> None:
     dense_ms = [int(v) for v in args.dense_m.split(",") if v]
     moe_ms = [int(v) for v in args.moe_m.split(",") if v]
     rows = []
+    heuristics.TMA_ACTIVATIONS = False
     for variant in args.variants.split(","):
         kernel_module.generate = with_variant(variant)
         d, e = {}, {}

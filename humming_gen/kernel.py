@@ -130,8 +130,9 @@ class Kernel:
 class Launcher:
     """The launch path of one (kernel, weight) pair. Host overhead per call is part of performance: every argument
     the kernel's spec (KernelPlan.args) marks as bound is resolved once here; a call fills in the activation and
-    output pointers, m and the row strides. So a call checks only which arguments the kernel takes, not the
-    tensors' dtypes, shapes, devices or alignment: QuantLinear, QuantMoE, moe_gemm and grouped_moe_gemm check
+    output pointers, m and the row strides (a_load='tma': and the activation's tensor map, encoded on the first call
+    of each address, rows and row stride, which raises where TMA cannot address them). So a call checks only which
+    arguments the kernel takes, not the tensors' dtypes, shapes, devices or alignment: QuantLinear, QuantMoE, moe_gemm and grouped_moe_gemm check
     them before they call a launcher; a caller of `QuantMoE.launcher_for` / `grouped_launcher` must pass what
     those functions would accept."""
 
@@ -301,8 +302,8 @@ class Launcher:
         values, at = self._values, self._per_call
         values[at[ACTIVATION]], values[at[OUTPUT]] = a, out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, lda, out.stride(0)
-        if self._a_maps is not None:
-            values[self._a_map_slot] = self._a_maps(a, m, lda)
+        if self._a_maps is not None:  # (no rows: no unit reads the map)
+            values[self._a_map_slot] = self._a_maps(a, m, lda) if m else bytes(128)
         runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                        pdl=self._pdl)
 
@@ -321,7 +322,8 @@ class Launcher:
         `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there. A
         kernel that writes expert windows (ComputeConfig.output_rows) takes `window_offsets`, the (E + 1,) int32
         first row of each expert's window (humming_gen.moe.compact.compact_offsets of the routing), and writes
-        routed position pos of expert e to row pos - routing.expert_offsets[e] + window_offsets[e] of `out`."""
+        routed position pos of expert e to row pos - routing.expert_offsets[e] + window_offsets[e] of `out` (still
+        M * top_k rows: its row count is also the bound of the assignments the kernel gathers)."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"

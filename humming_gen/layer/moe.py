@@ -319,8 +319,9 @@ class QuantMoE(torch.nn.Module):
         # ... and of those, the buckets whose GEMM1 writes the windows itself (WINDOWED_GEMM1: the warp-specialized
         # kernels of 16-bit activations, ComputeConfig.output_rows), the others' rows copied into them
         # (humming_gen.moe.compact)
+        # (not where GEMM2's dynamic per-tensor scale reads every row: the copy zeroes the rows past the windows)
         self._windowed = tuple(WINDOWED_GEMM1 and down == "grouped_contiguous" and t.pipeline == "warp_specialized"
-                               and self.activation_schemes[0] is None
+                               and self.activation_schemes[0] is None and not self._zero_skipped_rows
                                for down, (_, t) in zip(self.down_gemms, plans[0].buckets))
         composed = [[compose(layer, quantized if index == 0 and fuse else compute, t, self.target)
                      for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]

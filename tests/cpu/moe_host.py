@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import attrs
 import torch
 
 from humming_gen.codegen import compose
@@ -40,11 +41,16 @@ def expert_stride_mismatches(plan, stacked, names=("b", "b_scale", "out_scale"))
     return wrong
 
 
-def ws_moe_plans(layer: LayerConfig, compute: ComputeConfig, block_ms: tuple[int, ...] | None = None) -> list:
+def ws_moe_plans(layer: LayerConfig, compute: ComputeConfig, block_ms: tuple[int, ...] | None = None,
+                 tma: bool | None = None) -> list:
     """The warp-specialized MoE kernel plans of every heuristic bucket, or of the given token tiles (any tile the
-    pipeline serves, whether or not a bucket takes it)."""
-    tunings = ([t for _, t in choose_moe_tunings(layer, SM90).buckets] if block_ms is None
-               else [moe_tuning_for(layer, SM90, bm) for bm in block_ms])
+    pipeline serves, whether or not a bucket takes it); grouped GEMMs of 16-bit activations read their windows by
+    TMA as grouped_moe_tuning chooses (tma=None), or as `tma` says."""
+    grouped = compute.gemm in ("grouped_contiguous", "grouped_masked")
+    bms = [t.block_m for _, t in choose_moe_tunings(layer, SM90).buckets] if block_ms is None else list(block_ms)
+    tunings = [moe_tuning_for(layer, SM90, bm, grouped=grouped) for bm in bms]
+    if tma is not None and layer.scheme.activation is None:
+        tunings = [attrs.evolve(t, a_load="tma" if tma else "cp_async") for t in tunings]
     return [compose(layer, compute, t, SM90) for t in tunings]
 
 HOST_PRELUDE = """#include <cstdio>

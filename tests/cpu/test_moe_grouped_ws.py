@@ -16,7 +16,7 @@ import humming_gen as hg
 from humming_gen.codegen import ComposeError, compose
 from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics import grouped_moe_tuning
+from humming_gen.heuristics import choose_tunings, grouped_moe_tuning
 from humming_gen.kernel import build_many
 from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.base import m_blocks
@@ -35,13 +35,14 @@ def _layer(scheme: str, experts: int = 257, n: int = 1024, k: int = 2048, bias: 
     return LayerConfig(n=n, k=k, scheme=scheme, num_experts=experts, has_bias=bias)
 
 
-def _plans(layer: LayerConfig, gemm: str, block_ms=(32, 128)):
-    return ws_moe_plans(layer, ComputeConfig(gemm=gemm), block_ms)
+def _plans(layer: LayerConfig, gemm: str, block_ms=(32, 128), tma: bool | None = None):
+    return ws_moe_plans(layer, ComputeConfig(gemm=gemm), block_ms, tma)
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp_async"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_grouped_ws_kernels_compile_without_spills(scheme: str) -> None:
-    plans = [p for gemm in GROUPED for p in _plans(_layer(scheme), gemm)]
+def test_grouped_ws_kernels_compile_without_spills(scheme: str, tma: bool) -> None:
+    plans = [p for gemm in GROUPED for p in _plans(_layer(scheme), gemm, tma=tma)]
     for kernel in build_many(plans):
         r = kernel.compiled.resources
         assert r["spill_store_bytes"] == 0 and r["stack_bytes"] == 0, (kernel.name, r)
@@ -51,7 +52,7 @@ def test_grouped_ws_kernels_compile_without_spills(scheme: str) -> None:
 
 @pytest.mark.parametrize("gemm", GROUPED)
 def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(monkeypatch, gemm: str) -> None:
-    plan = _plans(_layer("w4a16-int4-g128"), gemm, (128,))[0]
+    plan = _plans(_layer("w4a16-int4-g128"), gemm, (128,), tma=False)[0]
     src = hg.kernel.generate(plan, "nvrtc")
     body = src[src.index("__launch_bounds__(cfg::kThreads, 1)"):]
     # the layout comes from the previous kernel: every CTA counts the experts' blocks after waiting for it, and reads
@@ -82,6 +83,24 @@ def test_grouped_ws_source_counts_blocks_on_the_device_and_reads_row_windows(mon
     monkeypatch.setattr(compose_a8, "STAGE_E8M0_SCALES", False)  # read at promotion (as where K is no whole stages)
     mx = hg.kernel.generate(_plans(_layer("w8a8-mxfp8"), gemm, (32,))[0], "nvrtc")
     assert "a_scales[static_cast<long long>(min(m, p.m - 1)) * cfg::kActivationGroups + a_group]" in mx
+
+
+@pytest.mark.parametrize("gemm", GROUPED)
+def test_grouped_ws_reads_its_windows_by_tma(gemm: str) -> None:
+    """The default grouped kernels of 16-bit activations (grouped_moe_tuning): the producer's first thread copies each
+    stage's window rows through the activation's tensor map (rows past the window read, their token columns not
+    stored); the full barrier expects its one arrival."""
+    layer = _layer("w4a16-int4-g128")
+    compute = ComputeConfig(gemm=gemm)
+    tuning = grouped_moe_tuning(choose_tunings(layer, SM90, pipeline="standard"), layer, compute, SM90, 300)
+    assert tuning.a_load == "tma" and tuning.pipeline == "warp_specialized"
+    plan = compose(layer, compute, tuning, SM90)
+    assert plan.args[0].name == "a_map" and plan.args[0].ctype == "TensorMap"
+    src = hg.kernel.generate(plan, "nvrtc")
+    assert "if (threadIdx.x == 0) load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);" in src
+    assert "mbarrier_init(ring.full_bars + 8 * s, 1);" in src and "cp_async_16(" not in src
+    assert "const __grid_constant__ Params p" in src
+    assert "store_output(acc, for_expert(p, tc.expert, tc.row_end), tc.n0 + w * 64 + kTile0 * 16, tc.m0, " in src
 
 
 def test_grouped_ws_symbol_declarations_match_the_source() -> None:

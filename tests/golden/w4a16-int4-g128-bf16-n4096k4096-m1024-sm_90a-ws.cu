@@ -1,36 +1,35 @@
 // humming_gen 0.1.0 - generated; edit templates/, not this file
-// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws   key 5bf2c573fbae
+// kernel  gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws   key 0cd1530a1247
 // layer   n=4096 k=4096 weight=int4 scale=bfloat16/g128 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
-// tuning  pipeline=warp_specialized mma=wgmma block=128x256x128 warps=1x8x1 stages=4 split_k=1 stream_k=no load=a:cp_async,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
+// tuning  pipeline=warp_specialized mma=wgmma block=128x256x128 warps=1x8x1 stages=4 split_k=1 stream_k=no load=a:tma,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
 // target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
 // components (in order):
 //   ptx.SmemAddress()
-//   ptx.CpAsync(groups=False)
 //   ptx.Stmatrix(x1=False, x2=True)
 //   ptx.Prmt()
 //   ptx.AndOr()
 //   ptx.Fma2(dtype='bfloat16')
 //   ptx.CvtScalar(dtype='bfloat16', out_dtype='bfloat16', to_float=False)
 //   ptx.GridDependency()
-//   ptx.Mbarrier()
+//   ptx.Mbarrier(cp_async=False)
 //   ptx.BulkCopy()
-//   ptx.AsyncProxyFence()
+//   ptx.TensorCopy()
 //   ptx.SetMaxNReg()
 //   numeric.PlaneExtract(bits=4, or_bits='0x43004300')
 //   numeric.SubtractOffsetScale(dtype='bfloat16', offset=136.0)
-//   memory.ATileSw128CpAsync(dtype='bfloat16')
+//   memory.ATileTma(dtype='bfloat16')
 //   memory.BChunkShared(bits=4)
 //   memory.WeightStageBulk(group_params=('b_scale',))
 //   memory.GroupParamsShared(dtype='bfloat16', tensors=('b_scale',), float_scales=False, pair_loads=True)
 //   mma.WgmmaRS(dtype='bfloat16', n=128)
 //   schedule.PersistentSchedule(split_k=1)
 //   epilogue.StoreOutputStaged(dtype='bfloat16', out_dtype='bfloat16', out_scale=False, bias=False, atom=wgmma.m64nNk16 (one warp's rows))
-//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, staged_store=True)
+//   pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, a_tma=True, staged_store=True)
 // full configs (JSON):
 //   layer   {"dtype": "bfloat16", "has_bias": false, "k": 4096, "n": 4096, "num_experts": 1, "out_dtype": "bfloat16", "scheme": {"activation": null, "block_size": null, "global_scale": false, "granularity": "group", "group_size": 128, "scale_dtype": "bfloat16", "scale_rule": "rceil", "weight": "int4", "zero_point": null, "zero_point_dtype": null}, "top_k": 1}
 //   compute {"accumulate": "float32", "batch_invariant": false, "epilogue_activation": null, "gemm": "dense", "input_scale_layout": "row_major", "topk_weight": false}
-//   tuning  {"a_load": "cp_async", "b_load": "tma", "block_k": 128, "block_m": 128, "block_n": 256, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "wgmma", "pipeline": "warp_specialized", "raster": "n_major", "scale_load": "tma", "split_k": 1, "stages": 4, "stream_k": false, "warps_k": 1, "warps_m": 1, "warps_n": 8}
+//   tuning  {"a_load": "tma", "b_load": "tma", "block_k": 128, "block_m": 128, "block_n": 256, "cluster_m": 1, "cluster_n": 1, "ctas_per_sm": 1, "mma": "wgmma", "pipeline": "warp_specialized", "raster": "n_major", "scale_load": "tma", "split_k": 1, "stages": 4, "stream_k": false, "warps_k": 1, "warps_m": 1, "warps_n": 8}
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -38,7 +37,6 @@ typedef unsigned short u16;
 // Tile geometry and problem constants (every config value appears once, here).
 namespace hg::cfg {
 constexpr int kN = 4096;  // output features
-constexpr int kKA = 4096;  // activation columns (rows are padded to 16 bytes)
 constexpr int kNPad = 4096;  // N padded to the weight layout's block_n
 constexpr int kBlockM = 128;  // tokens per tile (wgmma N)
 constexpr int kBlockN = 256;  // weight rows per tile
@@ -48,7 +46,6 @@ constexpr int kKTiles = 32;  // k tiles of kBlockK
 constexpr int kStages = 4;  // ring depth
 constexpr int kStepsPerStage = 8;  // k16 wgmma steps per stage
 constexpr int kThreads = 384;  // one producer and the consumer warpgroups
-constexpr int kProducerThreads = 128;
 constexpr int kConsumerThreads = 256;
 constexpr int kProducerRegisters = 40;  // setmaxnreg budgets
 constexpr int kConsumerRegisters = 232;
@@ -68,8 +65,15 @@ constexpr int kStagingBytes = 2048;  // a consumer warp's epilogue staging
 constexpr int kBScaleOffset = 49152;  // b_scale rows in a stage
 }  // namespace hg::cfg
 
+// A TMA tensor map (cuTensorMapEncodeTiled's 128 opaque bytes): read by cp.async.bulk.tensor from the kernel's
+// parameter space, so the kernel takes Params as __grid_constant__.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
 // Kernel argument: one struct passed by value, packed by humming_gen.kernel.Kernel.launch in this field order.
 struct Params {
+  TensorMap a_map;  // TMA map of a: (m, k) bfloat16, 128-byte swizzle
   const void* a;  // activations (m, k) bfloat16, row stride lda
   const void* b;  // packed weights (humming_gen.schemes.packing)
   const void* b_scale;  // group scales [group][n_pad] bfloat16
@@ -78,6 +82,8 @@ struct Params {
   int lda;  // row stride of a, elements
   int ldc;  // row stride of c, elements
 };
+static_assert(alignof(Params) == 64 && __builtin_offsetof(Params, a) == 128,
+              "the launcher packs the map's 128 bytes first and the struct to a multiple of 64 bytes");
 
 namespace hg {
 
@@ -90,14 +96,6 @@ __device__ __forceinline__ u32 smem_address(const void* p) {
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
   return addr;
 }
-
-// ---- ptx.CpAsync(groups=False)
-// ptx: 16-byte global->shared copy that bypasses L1; src_bytes = 0 writes zeros (out-of-range rows and columns).
-__device__ __forceinline__ void cp_async_16(u32 smem_dst, const void* gmem_src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes));
-}
-// Every cp.async of this thread has landed (a producer leaving with arrivals still pending on its full barriers).
-__device__ __forceinline__ void cp_async_drain() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // ---- ptx.Stmatrix(x1=False, x2=True)
 // ptx: 8x8 b16 matrices from mma C fragments into shared memory, transposed (sm_90+). Register i of lane (g, t)
@@ -146,7 +144,7 @@ __device__ __forceinline__ u16 from_float(float x) {
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// ---- ptx.Mbarrier()
+// ---- ptx.Mbarrier(cp_async=False)
 // ptx: mbarrier (shared-memory transaction barriers) of the producer -> consumer ring. A full barrier completes
 // when its expected arrivals and transaction bytes are in; a wait spins on the parity of the phase it awaits.
 __device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
@@ -160,10 +158,6 @@ __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
 }
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// The barrier counts one arrival of this thread once all of its earlier cp.async copies have landed.
-__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
   asm volatile(
@@ -183,10 +177,17 @@ __device__ __forceinline__ void bulk_copy(u32 smem_dst, const void* gmem_src, in
                ::"r"(smem_dst), "l"(gmem_src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// ---- ptx.AsyncProxyFence()
-// ptx: order this thread's view of shared memory written through the generic proxy (cp.async) before the async
-// proxy (wgmma operand reads) uses it.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// ---- ptx.TensorCopy()
+// ptx: TMA tile copy global -> shared through a tensor map (in the kernel's parameter space: a __grid_constant__
+// Params field), completing as transaction bytes on an mbarrier; and the map's prefetch into the TMA unit's cache.
+__device__ __forceinline__ void tensor_copy_2d(u32 smem_dst, const void* map, int x, int y, u32 bar) {
+
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+               ::"r"(smem_dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 
 // ---- ptx.SetMaxNReg()
 // ptx: per-warpgroup register budgets: the producer gives registers back, the consumers take them.
@@ -219,30 +220,23 @@ __device__ __forceinline__ u32 dequant_pair(u32 x, u32 scale) {
 
 // ======================================== memory
 
-// ---- memory.ATileSw128CpAsync(dtype='bfloat16')
-// memory: activation tile (kBlockM tokens x kBlockK bfloat16) global -> shared by the producer warpgroup with
-// cp.async, in the K-major 128-byte-swizzled layout wgmma reads through a descriptor: panels of 64 k columns, one
-// 128-byte row per token, 16-byte chunk c of row r at chunk c ^ (r % 8). Rows >= m and columns >= k are
-// zero-filled. cp.async needs no tensor map, so a call passes only the activation pointer and its row stride.
+// ---- memory.ATileTma(dtype='bfloat16')
+// memory: activation tile (kBlockM tokens x kBlockK bfloat16) global -> shared by TMA, issued by the producer's
+// first thread: one 2-D copy of 64 k x kBlockM rows per panel through the tensor map p.a_map (encoded per call by
+// the launcher, humming_gen.runtime.tensor_map), whose 128-byte swizzle is wgmma's K-major layout (16-byte chunk c
+// of row r at chunk c ^ (r % 8)). Rows >= m and columns >= k arrive as zeros; the whole box counts on the full
+// barrier either way.
 constexpr int kAPanelBytes = cfg::kBlockM * 128;
-constexpr int kAChunksPerRow = cfg::kBlockK / 8;
-constexpr int kARowsPerPass = cfg::kProducerThreads / kAChunksPerRow;  // rows the producer covers per pass
-static_assert(cfg::kProducerThreads % kAChunksPerRow == 0 && cfg::kBlockM % 8 == 0, "activation tile shape");
+constexpr int kAPanels = cfg::kBlockK / 64;
+constexpr int kAStageTxBytes = kAPanels * kAPanelBytes;
+static_assert(cfg::kBlockM % 8 == 0 && cfg::kBlockM <= 256, "a box of whole 8-row swizzle atoms, at most 256 rows");
+static_assert(kAStageTxBytes == cfg::kAStageBytes, "the boxes fill the stage's activation tile exactly");
 
-// A thread always copies the same 16-byte column chunk; its rows step by kARowsPerPass (a multiple of 8, so the
-// swizzle of its chunk never changes).
-__device__ __forceinline__ void load_a_stage(u32 a_smem_stage, const u16* a, int lda, int m, int m0, int k0) {
-  const int chunk = threadIdx.x % kAChunksPerRow, row0 = threadIdx.x / kAChunksPerRow;
-  const int gk = k0 + chunk * 8;
-  u32 dst = a_smem_stage + (chunk / 8) * kAPanelBytes + row0 * 128 + ((chunk % 8) ^ (row0 % 8)) * 16;
-  const u16* src = a + (long long)(m0 + row0) * lda + gk;
-#pragma unroll 4
-  for (int row = row0; row < cfg::kBlockM; row += kARowsPerPass) {
-    const bool valid = m0 + row < m && gk < cfg::kKA;
-    cp_async_16(dst, valid ? src : a, valid ? 16 : 0);
-    dst += kARowsPerPass * 128;
-    src += (long long)kARowsPerPass * lda;
-  }
+// k tile kt of the tile at row m0.
+__device__ __forceinline__ void load_a_stage(u32 a_smem_stage, const TensorMap& map, int m0, int kt, u32 full) {
+#pragma unroll
+  for (int panel = 0; panel < kAPanels; ++panel)
+    tensor_copy_2d(a_smem_stage + panel * kAPanelBytes, &map, kt * cfg::kBlockK + panel * 64, m0, full);
 }
 
 // Shared-memory matrix descriptor: start address, leading offset 16 B (unused with this swizzle), 1024 B between
@@ -445,7 +439,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ======================================== pipeline
 
-// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, staged_store=True)
+// ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, a_tma=True, staged_store=True)
 // pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
 // their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
 // completes when both have landed. Consumer warpgroup kWg (0-based; warpgroup kWg + 1 of the CTA) multiplies n tiles
@@ -464,6 +458,7 @@ struct Ring {
 
 __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int units) {
   int stage = 0, phase = 0;
+  if (threadIdx.x == 0) prefetch_tensor_map(&p.a_map);
   bool waited = false;
 #pragma unroll 1
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
@@ -473,15 +468,14 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
       mbarrier_wait(ring.empty_bars + 8 * stage, phase ^ 1);
       const u32 full = ring.full_bars + 8 * stage;
       if (threadIdx.x == 0) {  // weights are written by no kernel: fetched before the wait for the previous grid
-        mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0));
+        mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + kAStageTxBytes);
         load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
       }
       if (!waited) {
         wait_for_previous_grid();  // activations may come from the previous kernel
         waited = true;
       }
-      load_a_stage(ring.stage(stage), static_cast<const u16*>(p.a), p.lda, p.m, tc.m0, kt * cfg::kBlockK);
-      cp_async_arrive_noinc(full);
+      if (threadIdx.x == 0) load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);
       if (++stage == cfg::kStages) {
         stage = 0;
         phase ^= 1;
@@ -489,7 +483,6 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
     }
   }
   allow_next_grid();  // the next kernel may start its weight prefetch once SMs free up
-  cp_async_drain();  // no copy (nor its arrival on a full barrier) outlives the thread that issued it
 }
 
 // Consumer warpgroup kWg: n tiles kWg * kWarpNTiles .. + kWarpNTiles of every warp slice (a compile-time choice, so
@@ -543,7 +536,6 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
   auto release = [&](int s) { mbarrier_arrive(ring.empty_bars + 8 * s); };
   auto wait_stage = [&](int s, int ph) {
     mbarrier_wait(ring.full_bars + 8 * s, ph);
-    fence_async_shared();  // the activations landed through cp.async (generic proxy); wgmma reads them (async proxy)
   };
 
 #pragma unroll 1
@@ -594,7 +586,8 @@ __device__ __forceinline__ void consume(const Params& p, const Ring& ring, int u
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws(const Params p) {
+// (__grid_constant__: p stays in parameter space, where the TMA reads its tensor map)
+extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // 128-byte swizzled operands need 1024-byte alignment; the launch asks for kSmemAlign spare bytes.
   Ring ring;
@@ -607,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(cfg::kThreads, 1) gemm_wint4g128sbf
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < cfg::kStages; ++s) {
-      mbarrier_init(ring.full_bars + 8 * s, cfg::kProducerThreads + 1);  // each producer thread's cp.async + expect_tx
+      mbarrier_init(ring.full_bars + 8 * s, 1);  // the first producer thread's expect_tx (bulk copies only)
       mbarrier_init(ring.empty_bars + 8 * s, cfg::kConsumerThreads);     // every consumer thread
     }
     fence_barrier_init();

@@ -204,7 +204,7 @@ def test_windowed_gemm1_writes_the_compacted_rows(case, mapped, monkeypatch):
 def test_grouped_forward_is_its_steps_bits(m):
     """Forward against its steps run by hand into fresh buffers: the per-assignment GEMM1, the compaction's torch
     reference, the grouped GEMM into NaN rows, the weighted sum's torch reference: the same bits (no step depends on
-    another's leftovers; at M = 1000 the forward's GEMM1 writes the windows itself)."""
+    another's leftovers)."""
     case = CASES[0]
     moe = _layer(case, _weights(case, seed=m), GROUPED)
     assert moe.fused_activation, "GEMM1 must write the activated rows that the steps below compact"

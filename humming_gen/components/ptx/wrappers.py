@@ -173,14 +173,17 @@ class GlobalWait(Component):
 
 @attrs.frozen
 class Mbarrier(Component):
-    """mbarrier init / arrive / expect_tx / parity wait, and cp.async completion as an arrival."""
+    """mbarrier init / arrive / expect_tx / parity wait, and (`cp_async`) cp.async completion as an arrival."""
 
     template: ClassVar[str] = "ptx/mbarrier.cuh.j2"
     family: ClassVar[str] = "ptx"
-    provides: ClassVar[frozenset[str]] = frozenset({"mbarrier_init", "fence_barrier_init", "mbarrier_arrive",
-                                                   "mbarrier_arrive_expect_tx", "cp_async_arrive_noinc",
-                                                   "mbarrier_wait"})
     requires: ClassVar[frozenset[str]] = frozenset({"tma"})
+    cp_async: bool = option_field(True)
+
+    @property
+    def provides(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"mbarrier_init", "fence_barrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx",
+                          "mbarrier_wait"} | ({"cp_async_arrive_noinc"} if self.cp_async else set()))
 
 
 @attrs.frozen
@@ -256,7 +259,8 @@ WRAPPERS: dict[str, type[Component]] = {
     "smem_address": SmemAddress, "cp_async": CpAsync, "ldmatrix": Ldmatrix, "stmatrix_x1": Stmatrix,
     "stmatrix_x2": Stmatrix, "prmt": Prmt, "and_or": AndOr, "and_xor": AndXor, "fma2": Fma2,
     "cvt_scalar": CvtScalar, "global_sync": GlobalSync, "global_wait": GlobalWait, "grid_dependency": GridDependency,
-    "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "cp_async_drain": CpAsyncDrain, "mbarrier": Mbarrier, "bulk_copy": BulkCopy,
+    "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "cp_async_drain": CpAsyncDrain, "mbarrier": Mbarrier,
+    "mbarrier_tx": Mbarrier, "bulk_copy": BulkCopy,
     "tensor_copy": TensorCopy,
     "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
     "cluster": Cluster, "epilogue_sync": EpilogueSync,
@@ -265,7 +269,7 @@ TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "cp_async_drain", "ldmatrix",
              "stmatrix_x1", "stmatrix_x2", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier",
+             "mbarrier", "mbarrier_tx", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier",
              "epilogue_sync")
 
 
@@ -277,6 +281,8 @@ def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> 
         return cls(x1=name == "stmatrix_x1", x2=name == "stmatrix_x2")
     if name == "cp_async_copy":
         return cls(groups=False)
+    if name == "mbarrier_tx":  # (transaction arrivals only: no cp.async completes on the barriers)
+        return cls(cp_async=False)
     if name == "cvt_scalar":
         return cls(dtype=dtype, out_dtype=out_dtype, to_float=bias)
     return cls(dtype=dtype) if name in TYPED else cls()
@@ -289,6 +295,8 @@ def wrappers_for(body: "list[Component]", dtype: str, out_dtype: str, bias: bool
         used.discard("cp_async_copy")  # the full wrapper holds the copy too
     if "cp_async" in used or "cp_async_copy" in used:
         used.discard("cp_async_drain")  # (so does the copy wrapper without groups)
+    if "mbarrier" in used:
+        used.discard("mbarrier_tx")  # the full wrapper holds the transaction arrivals too
     unknown = used - set(PTX_ORDER)
     if unknown:
         raise ValueError(f"components call unknown ptx wrappers {sorted(unknown)}; known: {PTX_ORDER}")

@@ -36,7 +36,7 @@ class ATileSw128CpAsync(Component):
 @attrs.frozen
 class ATileTma(Component):
     """16-bit activation tile by TMA (a tensor map per call, one 2-D copy per 64-k panel with the 128-byte swizzle
-    wgmma reads), and its step descriptors: the dense 16-bit kernels' a_load='tma'."""
+    wgmma reads), and its step descriptors: a_load='tma' of the dense and grouped-MoE 16-bit kernels."""
 
     template: ClassVar[str] = "pipelines/warp_specialized/a_tile_tma.cuh.j2"
     family: ClassVar[str] = "memory"
@@ -231,9 +231,18 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
                                      "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
         needs |= set() if self.convert_in_extract else {"convert_pair"}
         needs |= {"load_group_pair"} if self.dequant_params else set()
-        if self.a_tma:
-            needs = (needs - {"cp_async_arrive_noinc", "cp_async_drain"}) | {"kAStageTxBytes", "prefetch_tensor_map"}
+        if self.a_tma:  # (no generic-proxy writes to fence before wgmma reads the stage)
+            needs = ((needs - {"cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared"})
+                     | {"kAStageTxBytes", "prefetch_tensor_map"})
         return frozenset(needs)
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        base = RingSkeleton.ptx.fget(self)
+        if not self.a_tma:
+            return base
+        # TMA only: no generic-proxy writes to fence, no cp.async arrivals on the barriers
+        return tuple({"mbarrier": "mbarrier_tx"}.get(p, p) for p in base if p != "async_proxy_fence")
 
     def extra_context(self) -> dict:
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,

@@ -81,7 +81,8 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
 
 
 def _a_load(layer: LayerConfig) -> str:
-    """Dense activations by TMA (TMA_ACTIVATIONS); MoE rows are gathered or windowed by cp.async."""
+    """Dense activations by TMA (TMA_ACTIVATIONS); indexed MoE rows are gathered by cp.async (grouped windows: TMA,
+    moe_tuning_for)."""
     return "tma" if TMA_ACTIVATIONS and layer.num_experts == 1 else "cp_async"
 
 
