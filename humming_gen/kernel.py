@@ -20,7 +20,7 @@ import humming_gen.runtime as runtime
 from humming_gen.runtime import CompiledKernel, compile_cached, compile_many
 from humming_gen.runtime.compile import resolve_compiler
 from humming_gen.runtime.launch import max_active_clusters
-from humming_gen.runtime.tensor_map import ActivationMaps
+from humming_gen.runtime.tensor_map import MAP_BYTES, ActivationMaps
 from humming_gen.targets import Target, get_target
 
 LAUNCH_CACHE_SIZE = 4  # launchers Kernel.launch keeps (oldest dropped first); QuantLinear binds its own
@@ -205,7 +205,7 @@ class Launcher:
 
     def _bound_value(self, a: KernelArg) -> int | bytes:
         if a.ctype == "TensorMap":
-            return bytes(128)  # set per call
+            return bytes(MAP_BYTES)  # set per call
         if a.kind == WEIGHT:
             t = getattr(self.weight, a.tensor, None)
             if t is None:
@@ -303,14 +303,13 @@ class Launcher:
         values[at[ACTIVATION]], values[at[OUTPUT]] = a, out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, lda, out.stride(0)
         if self._a_maps is not None:  # (no rows: no unit reads the map)
-            values[self._a_map_slot] = self._a_maps(a, m, lda) if m else bytes(128)
+            values[self._a_map_slot] = self._a_maps(a, m, lda) if m else bytes(MAP_BYTES)
         runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                        pdl=self._pdl)
 
     def moe(self, a: torch.Tensor, out: torch.Tensor, routing, top_k: int,
             topk_weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
-            out_top_k: int | None = None, out_scale: torch.Tensor | None = None,
-            window_offsets: torch.Tensor | None = None) -> None:
+            out_top_k: int | None = None, out_scale: torch.Tensor | None = None) -> None:
         """Launch an indexed MoE kernel: row i of `out` (M * top_k assignment rows, any order) is row i // top_k of
         `a` times its expert's weight, for the rows `routing` (a MoeAlignment of this kernel's block_m) lists;
         other rows are not written. `topk_weights` (M * top_k fp32) multiplies each row where the kernel does.
@@ -319,11 +318,7 @@ class Launcher:
         adds assignment row i into row i // out_top_k of `out` instead (fp32, (rows / out_top_k, N), zeroed by the
         caller); only such a kernel takes `out_top_k`. A kernel whose epilogue quantizes its output
         (ComputeConfig.epilogue_quantization) writes codes into `out` (rows of bytes) and their scales into
-        `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there. A
-        kernel that writes expert windows (ComputeConfig.output_rows) takes `window_offsets`, the (E + 1,) int32
-        first row of each expert's window (humming_gen.moe.compact.compact_offsets of the routing), and writes
-        routed position pos of expert e to row pos - routing.expert_offsets[e] + window_offsets[e] of `out` (still
-        M * top_k rows: its row count is also the bound of the assignments the kernel gathers)."""
+        `out_scale` (per row of `out`, quantize_activation's layout), or reads a static per-tensor scale there."""
         slots = self._routing_slots
         if not slots or "expert_layout" in slots:
             raise ValueError(f"kernel {self.kernel.name} is not an indexed MoE kernel; call the launcher with (a, out)"
@@ -356,13 +351,6 @@ class Launcher:
         values[slots["num_tokens_post_pad"]] = routing.num_tokens_post_pad.data_ptr()
         if topk_weights is not None:
             values[slots["topk_weights"]] = topk_weights.data_ptr()
-        if ("compact_offsets" in slots) != (window_offsets is not None):
-            raise ValueError(f"kernel {self.kernel.name}: " + (
-                "it writes expert windows; pass window_offsets" if window_offsets is None
-                else "window_offsets given, but this kernel writes one row per assignment"))
-        if window_offsets is not None:
-            values[slots["expert_offsets"]] = routing.expert_offsets.data_ptr()
-            values[slots["compact_offsets"]] = window_offsets.data_ptr()
         if self._scratch_slots and rows > self._scratch_rows:  # split-K: a bigger routing than bound (eager only)
             self._grow_scratch(rows)
         self._launch(a, out, rows)  # m counts assignment rows

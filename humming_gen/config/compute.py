@@ -25,10 +25,6 @@ EPILOGUE_ACTIVATIONS = (None, "silu_mul", "gelu_mul", "swiglu_oai")
 # reduction sums them); "atomic", each assignment's router-weighted row added into its token's fp32 row with
 # red.global.add (the order of the adds varies from run to run: not deterministic).
 TOPK_REDUCES = (None, "atomic")
-# MoE GEMM1's output rows: None, one row per assignment (row i = assignment i); "expert_windows", the rows of each
-# expert back to back in routed order (row pos - expert_offsets[e] + compact_offsets[e] for routed position pos of
-# expert e: moe_align's padded order less the padding before the expert), the input of QuantMoE's grouped down GEMM.
-OUTPUT_ROWS = (None, "expert_windows")
 
 
 @attrs.frozen(kw_only=True, hash=False)
@@ -46,9 +42,6 @@ class ComputeConfig(JsonConfig):
     epilogue_quantization: MoE GEMM1 with a gated epilogue_activation writes its output quantized for GEMM2 (an
         ActivationScheme or its dict form: codes and scales in quantize_activation's layout), or None.
     epilogue_static_scale: that scheme's per-tensor scale is static (read from the c_scale argument).
-    output_rows: None (indexed MoE: row i of c is assignment i) or "expert_windows" (MoE GEMM1 without router
-        weights: each expert's rows back to back in routed order, the windows of humming_gen.moe.compact, so the
-        down GEMM reads them grouped without a compaction pass).
     """
 
     gemm: str = "dense"
@@ -62,7 +55,6 @@ class ComputeConfig(JsonConfig):
     epilogue_quantization: Any = attrs.field(default=None, converter=lambda v: _activation_scheme(v),
                                              metadata={"listed_when_set": True})
     epilogue_static_scale: bool = attrs.field(default=False, metadata={"listed_when_set": True})
-    output_rows: str | None = attrs.field(default=None, metadata={"listed_when_set": True})
     _key_cache: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     __hash__ = JsonConfig.__hash__
@@ -77,14 +69,7 @@ class ComputeConfig(JsonConfig):
         check_bool(o, "topk_weight", self.topk_weight)
         check_choice(o, "topk_reduce", self.topk_reduce, TOPK_REDUCES)
         check_bool(o, "epilogue_static_scale", self.epilogue_static_scale)
-        check_choice(o, "output_rows", self.output_rows, OUTPUT_ROWS)
         reasons = []
-        if self.output_rows is not None and (self.gemm != "indexed" or self.topk_weight or self.topk_reduce
-                                             or self.epilogue_quantization is not None):
-            reasons.append(f"output_rows={self.output_rows!r} lays out MoE GEMM1's rows: it needs gemm='indexed' "
-                           f"without topk_weight, topk_reduce or epilogue_quantization, got gemm={self.gemm!r}, "
-                           f"topk_weight={self.topk_weight}, topk_reduce={self.topk_reduce!r}, epilogue_quantization="
-                           f"{'set' if self.epilogue_quantization is not None else None}")
         if self.topk_reduce is not None and (self.gemm != "indexed" or not self.topk_weight
                                              or self.epilogue_activation is not None):
             reasons.append(f"topk_reduce={self.topk_reduce!r} needs gemm='indexed' with topk_weight=True and no "
@@ -129,8 +114,6 @@ class ComputeConfig(JsonConfig):
             gran = f"g{q.group_size}" if q.granularity == "group" else q.granularity
             epilogue.append(f"quantize:{q.dtype.name}/{q.scale_dtype.name}/{gran}"
                             + ("/static" if self.epilogue_static_scale else ""))
-        if self.output_rows:
-            epilogue.append(f"rows:{self.output_rows}")
         return (f"compute gemm={self.gemm} batch_invariant={'yes' if self.batch_invariant else 'no'} "
                 f"accum={self.accumulate} input_scale={self.input_scale_layout} epilogue=[{','.join(epilogue)}]")
 

@@ -37,12 +37,6 @@ if TYPE_CHECKING:
 _DTYPE_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 TOPK_REDUCES = ("deterministic", "atomic")  # QuantMoE(topk_reduce=...)
 DOWN_GEMMS = (None, "indexed", "grouped_contiguous")  # QuantMoE(down_gemm=...)
-# The warp-specialized GEMM1 of 16-bit activations could write the grouped down GEMM's expert windows itself
-# (ComputeConfig.output_rows="expert_windows") instead of the compaction copying its rows there. Measured and left off
-# (H200, W4A16 whole layer, graph us, M = 4096, both orders in one process, bench/tma_ab.py): DeepSeek-V3 per rank
-# 1198.4 copied / 1200.9 windowed, gpt-oss-120b 2272.6 / 2366.6 (Qwen3-30B-A3B, one order: 834.9 / 814.7). True builds
-# the windowed kernels for those buckets (tests/gpu/test_quant_moe_grouped_down.py checks them bit for bit).
-WINDOWED_GEMM1 = False
 
 
 def _bucket_rows(buckets, index: int) -> int:
@@ -179,7 +173,7 @@ class QuantMoE(torch.nn.Module):
     layer has no down GEMM alone (moe_gemm / launcher_for with "w2").
     down_gemm: how a bucket's down GEMM reads and writes its rows. "indexed": through the routing (gathers GEMM1's
     rows, multiplies by the router weight and scatters to the assignment's row in its epilogue). "grouped_contiguous":
-    a kernel (humming_gen.moe.compact) copies GEMM1's rows into per-expert windows, the grouped GEMM reads and
+    a kernel (humming_gen.moe.compact) first copies GEMM1's rows into per-expert windows, the grouped GEMM reads and
     writes dense windows, and the top-k reduction applies the router weight (weighted_topk_reduce: the fp32 product
     of the weight and the rounded row, where the indexed path rounds the weighted row; both sum in the same order),
     which spares the down GEMM's per-row lookups and scatter (DeepSeek-V3 W4A16 down at M = 4096: README, Speed).
@@ -314,22 +308,11 @@ class QuantMoE(torch.nn.Module):
         quantized = (attrs.evolve(computes[0], epilogue_quantization=self.activation_schemes[1],
                                   epilogue_static_scale=self._static_scales[1] is not None)
                      if any(self.fused_quantization) else None)
-        # the buckets whose down GEMM reads GEMM1's rows in per-expert windows: a grouped kernel each
-        self.down_gemms = moe_down_gemms(down_gemm, layers[1], plans[1], self.fused_quantization, topk_reduce)
-        # ... and of those, the buckets whose GEMM1 writes the windows itself (WINDOWED_GEMM1: the warp-specialized
-        # kernels of 16-bit activations, ComputeConfig.output_rows), the others' rows copied into them
-        # (humming_gen.moe.compact)
-        # (not where GEMM2's dynamic per-tensor scale reads every row: the copy zeroes the rows past the windows)
-        self._windowed = tuple(WINDOWED_GEMM1 and down == "grouped_contiguous" and t.pipeline == "warp_specialized"
-                               and self.activation_schemes[0] is None and not self._zero_skipped_rows
-                               for down, (_, t) in zip(self.down_gemms, plans[0].buckets))
         composed = [[compose(layer, quantized if index == 0 and fuse else compute, t, self.target)
                      for (_, t), fuse in zip(plan.buckets, self.fused_quantization)]
                     for index, (layer, compute, plan) in enumerate(zip(layers, computes, plans))]
-        # (the per-assignment GEMM1 of those buckets stays for callers with their own routing: launcher_for)
-        windowed = attrs.evolve(computes[0], output_rows="expert_windows")
-        window_gemm1 = [compose(layers[0], windowed, t, self.target)
-                        for (_, t), window in zip(plans[0].buckets, self._windowed) if window]
+        # the buckets whose down GEMM reads GEMM1's rows in per-expert windows: a grouped kernel each
+        self.down_gemms = moe_down_gemms(down_gemm, layers[1], plans[1], self.fused_quantization, topk_reduce)
         grouped_down = [compose(layers[1], ComputeConfig(gemm="grouped_contiguous"),
                                 grouped_moe_tuning(self._standard_plans[1], layers[1],
                                                    ComputeConfig(gemm="grouped_contiguous"), self.target,
@@ -339,13 +322,11 @@ class QuantMoE(torch.nn.Module):
                         if down == "grouped_contiguous"]
         assert all(p.layout == gemm[0].layout for gemm in composed for p in gemm), "a GEMM's buckets share its weight"
         assert all(p.layout == composed[1][0].layout for p in grouped_down), "the grouped down GEMMs share w2"
-        assert all(p.layout == composed[0][0].layout for p in window_gemm1), "the windowed GEMM1s share w13"
         # their launchers are bound without a scratch bound (below): no split-K
         assert all(p.tuning.split_k == 1 for p in grouped_down), "grouped down GEMMs never split K"
-        kernels = build_many(composed[0] + composed[1] + grouped_down + window_gemm1, compiler=compiler)
+        kernels = build_many(composed[0] + composed[1] + grouped_down, compiler=compiler)
         k13, k2 = kernels[:len(self.buckets)], kernels[len(self.buckets):2 * len(self.buckets)]
-        k2_grouped = iter(kernels[2 * len(self.buckets):2 * len(self.buckets) + len(grouped_down)])
-        k13_windowed = iter(kernels[2 * len(self.buckets) + len(grouped_down):])
+        k2_grouped = iter(kernels[2 * len(self.buckets):])
         self.w13 = prepare_moe_weight(composed[0][0], q13, self.device)
         self.w2 = prepare_moe_weight(composed[1][0], q2, self.device)
         self._kernels = list(zip(k13, k2))
@@ -362,9 +343,6 @@ class QuantMoE(torch.nn.Module):
         # per bucket: the grouped down GEMM's launcher where down_gemms says so, else None
         self._grouped_down = [next(k2_grouped).bind(self.w2, self.bias2, self.device, None)
                               if down == "grouped_contiguous" else None for down in self.down_gemms]
-        # per bucket: GEMM1's launcher into the grouped down GEMM's windows where _windowed says so, else None
-        self._window_gemm1 = [next(k13_windowed).bind(self.w13, self.bias13, self.device, None) if window else None
-                              for window in self._windowed]
         if topk_reduce == "deterministic":  # the top-k reduction(s) and the row compaction, compiled with the GEMMs
             if "indexed" in self.down_gemms:
                 kernel_for(_DTYPE_NAME[dtype], self.target, compiler)
@@ -535,27 +513,22 @@ class QuantMoE(torch.nn.Module):
         # a dynamic per-tensor scale (the amax of every row), when they are zeros (and so is their activation); the
         # grouped down GEMM's windows hold only routed rows (_grouped_down_gemm)
         rows = torch.zeros if self._zero_skipped_rows and grouped_down is None else torch.empty
-        # a windowed GEMM1 writes each expert's rows back to back (the grouped down GEMM's windows; rows past them
-        # are not written)
-        windows = None
-        if self._windowed[bucket]:
-            gemm1, windows = self._window_gemm1[bucket], layout
         if self.fused_quantization[bucket]:  # GEMM1 writes GEMM2's codes and scales, as gemm_input would
             a2, a2_scale = self._quantized_rows(m * top_k)
             gemm1.moe(a1, a2, routing, top_k, a_scale=a1_scale, out_scale=a2_scale)
         elif self.fused_activation:  # GEMM1 writes act(gate, up) itself
             act = rows(m * top_k, self.intermediate, dtype=self.dtype, device=self.device)
-            gemm1.moe(a1, act, routing, top_k, a_scale=a1_scale, window_offsets=windows)
+            gemm1.moe(a1, act, routing, top_k, a_scale=a1_scale)
         else:
             h = rows(m * top_k, 2 * self.intermediate, dtype=self.dtype, device=self.device)
-            gemm1.moe(a1, h, routing, top_k, a_scale=a1_scale, window_offsets=windows)
+            gemm1.moe(a1, h, routing, top_k, a_scale=a1_scale)
             act = gated_activation(h.float(), self.activation, self.gate_up_layout, self.swiglu_alpha,
                                    self.swiglu_limit).to(self.dtype)
         if topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
             topk_weights = topk_weights.to(torch.float32).contiguous()
-        if grouped_down is not None:  # GEMM1's rows in per-expert windows, a grouped GEMM, the weighted sum
+        if grouped_down is not None:  # GEMM1's rows into per-expert windows, a grouped GEMM, the weighted sum
             return self._grouped_down_gemm(grouped_down, act, routing, layout, gemm1.kernel.plan.tuning.block_m,
-                                           topk_weights, top_k, out, self._windowed[bucket])
+                                           topk_weights, top_k, out)
         if not self.fused_quantization[bucket]:
             a2, a2_scale = self.gemm_input(act, 1)
         if self.topk_reduce == "atomic":  # GEMM2 adds each assignment into its token's fp32 row; skipped slots: none
@@ -568,28 +541,22 @@ class QuantMoE(torch.nn.Module):
         return topk_reduce(y, routing.inverse, top_k, out, target=self.target, compiler=self._compiler)
 
     def _grouped_down_gemm(self, launcher, act: torch.Tensor, routing, layout: torch.Tensor, block_m: int,
-                           topk_weights: torch.Tensor, top_k: int, out: torch.Tensor | None,
-                           windowed: bool) -> torch.Tensor:
-        """The down GEMM on GEMM1's rows `act` in per-expert windows (`layout`: compact_offsets of the routing):
-        written so by GEMM1 (`windowed`) or copied into them (humming_gen.moe.compact), then the router-weighted
-        top-k sum through each assignment's window row."""
-        from humming_gen.moe.compact import compact_rows, window_rows
+                           topk_weights: torch.Tensor, top_k: int, out: torch.Tensor | None) -> torch.Tensor:
+        """The down GEMM on GEMM1's rows `act` copied into per-expert windows (humming_gen.moe.compact; `layout`:
+        compact_offsets of the routing), then the router-weighted top-k sum through each assignment's window row."""
+        from humming_gen.moe.compact import compact_rows
         from humming_gen.moe.reduce import weighted_topk_reduce
 
         rows = act.shape[0]
-        if windowed:
-            windows = act
-            assignment_rows = window_rows(routing, block_m, layout, self.target, self._compiler)
-        else:
-            # rows past the windows' end (skipped assignments) are not written, nor read by the GEMM; a dynamic
-            # per-tensor scale's amax reads every row: zeros there
-            fill = torch.zeros if self._zero_skipped_rows else torch.empty
-            windows = fill(rows, self.intermediate, dtype=self.dtype, device=self.device)
-            assignment_rows = compact_rows(act, routing, block_m, layout, windows, self.target, self._compiler)
+        # rows past the windows' end (skipped assignments) are not written, nor read by the GEMM; a dynamic
+        # per-tensor scale's amax reads every row: zeros there
+        fill = torch.zeros if self._zero_skipped_rows else torch.empty
+        windows = fill(rows, self.intermediate, dtype=self.dtype, device=self.device)
+        window_rows = compact_rows(act, routing, block_m, layout, windows, self.target, self._compiler)
         a2, a2_scale = self.gemm_input(windows, 1)
         y = torch.empty(rows, self.hidden, dtype=self.dtype, device=self.device)
         launcher.grouped(a2, y, layout, a_scale=a2_scale)
-        return weighted_topk_reduce(y, assignment_rows, topk_weights.view(-1), top_k, out, target=self.target,
+        return weighted_topk_reduce(y, window_rows, topk_weights.view(-1), top_k, out, target=self.target,
                                     compiler=self._compiler)
 
     def gemm_input(self, a: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -9,9 +9,6 @@ compact_offsets[e], e the expert of pos's block; compact_offsets the exclusive p
 entries: the down GEMM's expert_layout). It writes c to rows[i] (-1 for a skipped assignment, whose row is not read),
 which the weighted top-k reduction reads (humming_gen.moe.reduce.weighted_topk_reduce).
 
-`window_rows` launches the same kernel without vectors, for a GEMM1 that wrote its rows into the windows itself
-(ComputeConfig.output_rows="expert_windows"): only `rows`.
-
 One warp per assignment, 16-byte vectors (any 16-bit or 8-bit row whose bytes are a multiple of 16); the row length
 and strides are arguments: one kernel per target.
 """
@@ -37,6 +34,10 @@ THREADS = 128  # 4 warps, one assignment each
 # Measured and not adopted (H200, 2026-12-02, torch profiler, bench/moe_layer_kernels.py, M = 4096, us): each lane
 # loading its first four vectors of the row before the three dependent lookups of its destination: DeepSeek-V3 25.4
 # -> 24.4, Qwen3-30B-A3B 37.3 -> 35.9, gpt-oss-120b 65.8 -> 64.9 (the kernel's time includes its PDL wait for GEMM1).
+# Nor the copy's removal (2026-12-03, whole W4A16 layer, graph us, M = 4096, both orders in one process): a
+# warp-specialized GEMM1 storing its rows straight into the windows (its store given the unit's window as c and m,
+# this kernel launched without vectors for `rows`), bit for bit the same windows on the GPU, ran DeepSeek-V3 per rank
+# 1198.4 copied / 1200.9 windowed, gpt-oss-120b 2272.6 / 2366.6 (Qwen3-30B-A3B, one order: 834.9 / 814.7).
 VERSION = "0.1.0"
 
 
@@ -139,17 +140,15 @@ def compact_offsets(expert_counts: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
-def compact_rows_reference(src: torch.Tensor | None, inverse: torch.Tensor, expert_ids: torch.Tensor,
+def compact_rows_reference(src: torch.Tensor, inverse: torch.Tensor, expert_ids: torch.Tensor,
                            expert_offsets: torch.Tensor, offsets: torch.Tensor, block_m: int,
-                           dst: torch.Tensor | None) -> torch.Tensor:
-    """The kernel's result in torch (any device): fills dst's compact rows (none without src and dst), returns
-    rows."""
+                           dst: torch.Tensor) -> torch.Tensor:
+    """The kernel's result in torch (any device): fills dst's compact rows, returns rows."""
     pos = inverse.long()
     keep = pos >= 0
     expert = expert_ids.long()[pos.clamp(min=0) // block_m]
     rows = torch.where(keep, pos - expert_offsets.long()[expert] + offsets.long()[expert], torch.full_like(pos, -1))
-    if src is not None:
-        dst[rows[keep]] = src[keep]
+    dst[rows[keep]] = src[keep]
     return rows.to(torch.int32)
 
 
@@ -161,35 +160,20 @@ def compact_rows(src: torch.Tensor, routing: MoeAlignment, block_m: int, offsets
     block_m; offsets: compact_offsets(routing.expert_counts). src and dst: same dtype and row length (bytes a
     multiple of 16, 16-byte aligned rows); dst's rows past offsets[E] are not written. No host sync (QuantMoE checks
     the shapes; this is its internal step)."""
-    return _launch(src, dst, routing, block_m, offsets, target, compiler)
-
-
-def window_rows(routing: MoeAlignment, block_m: int, offsets: torch.Tensor, target: Target,
-                compiler: str | None = None) -> torch.Tensor:
-    """compact_rows' `rows` alone, without copying any row: for a GEMM1 that wrote its rows into the windows itself
-    (ComputeConfig.output_rows="expert_windows"). The same kernel, with no vectors per row."""
-    return _launch(None, None, routing, block_m, offsets, target, compiler)
-
-
-def _launch(src: torch.Tensor | None, dst: torch.Tensor | None, routing: MoeAlignment, block_m: int,
-            offsets: torch.Tensor, target: Target, compiler: str | None) -> torch.Tensor:
-    device = routing.inverse.device
-    numel = routing.inverse.numel()
-    rows = torch.empty(numel, dtype=torch.int32, device=device)
-    if device.type not in _DEVICE_TYPES:
+    numel = src.shape[0]
+    rows = torch.empty(numel, dtype=torch.int32, device=src.device)
+    if src.device.type not in _DEVICE_TYPES:
         return compact_rows_reference(src, routing.inverse, routing.expert_ids, routing.expert_offsets, offsets,
                                       block_m, dst)
+    row_bytes = src.shape[1] * src.element_size()
     if numel:
         current = torch.cuda.current_device()
-        index = device.index if device.index is not None else current
-        copy = src is not None
-        values = {"src": src.data_ptr() if copy else 0, "dst": dst.data_ptr() if copy else 0,
-                  "rows": rows.data_ptr(), "inverse": routing.inverse.data_ptr(),
-                  "expert_ids": routing.expert_ids.data_ptr(), "expert_offsets": routing.expert_offsets.data_ptr(),
-                  "compact_offsets": offsets.data_ptr(),
-                  "src_stride": src.stride(0) * src.element_size() if copy else 0,
-                  "dst_stride": dst.stride(0) * dst.element_size() if copy else 0, "numel": numel,
-                  "block_m": block_m, "vectors": src.shape[1] * src.element_size() // 16 if copy else 0}
+        index = src.device.index if src.device.index is not None else current
+        values = {"src": src.data_ptr(), "dst": dst.data_ptr(), "rows": rows.data_ptr(),
+                  "inverse": routing.inverse.data_ptr(), "expert_ids": routing.expert_ids.data_ptr(),
+                  "expert_offsets": routing.expert_offsets.data_ptr(), "compact_offsets": offsets.data_ptr(),
+                  "src_stride": src.stride(0) * src.element_size(), "dst_stride": dst.stride(0) * dst.element_size(),
+                  "numel": numel, "block_m": block_m, "vectors": row_bytes // 16}
         with torch.cuda.device(index) if index != current else contextlib.nullcontext():
             kernel_for(target, compiler).launch(numel, values, index)
     return rows

@@ -247,11 +247,6 @@ def routing_args(compute: ComputeConfig) -> list[KernelArg]:
     if compute.topk_weight:
         args.append(KernelArg("topk_weights", "const void*", ROUTING, "fp32 router weight per assignment",
                               tensor="topk_weights"))
-    if compute.output_rows == "expert_windows":
-        args += [KernelArg("expert_offsets", "const void*", ROUTING, "int32 padded start of each expert's run (E + 1, "
-                           "moe_align)", tensor="expert_offsets"),
-                 KernelArg("compact_offsets", "const void*", ROUTING, "int32 first row of each expert's window of c "
-                           "(E + 1)", tensor="compact_offsets")]
     return args
 
 

@@ -82,22 +82,16 @@ def emulate_moe_launches(monkeypatch) -> list[str]:
         y = a.float() @ experts[id(self.weight)][e].T
         return y if self.bias is None else y + self.bias[e].float()
 
-    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, window_offsets=None):
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None):
         assert a_scale is None, "16-bit activations only here"
-        assert (window_offsets is not None) == (self.kernel.plan.compute.output_rows == "expert_windows")
         launches.append(self.kernel.plan.compute.gemm)
         bm = self.kernel.plan.tuning.block_m
         for block in range(int(routing.num_tokens_post_pad) // bm):
             rows = routing.sorted_ids[block * bm:(block + 1) * bm].long()
-            kept = rows < out.shape[0]
-            rows = rows[kept]
-            e = int(routing.expert_ids[block])
-            y = product(self, a[rows // top_k], e)
+            rows = rows[rows < out.shape[0]]
+            y = product(self, a[rows // top_k], int(routing.expert_ids[block]))
             if self.kernel.plan.compute.epilogue_activation:
                 y = gated_tile_rows(y, self.kernel.plan.compute.epilogue_activation)
-            if window_offsets is not None:  # routed position pos to row pos - expert_offsets[e] + window_offsets[e]
-                positions = block * bm + torch.arange(bm)[kept]
-                rows = positions - int(routing.expert_offsets[e]) + int(window_offsets[e])
             out[rows] = (y if topk_weights is None else y * topk_weights[rows, None]).to(out.dtype)
 
     def grouped(self, a, out, expert_layout, a_scale=None):

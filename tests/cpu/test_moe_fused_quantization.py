@@ -287,8 +287,7 @@ class FusedStandIn(A8StandIn):
         super().__init__(kernel, scheme, w, bias)
         self.out_scheme, self.static = out_scheme, static
 
-    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_scale=None, window_offsets=None):
-        assert window_offsets is None, "8-bit activations: GEMM1 writes one row per assignment"
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_scale=None):
         compute = self.kernel.plan.compute
         assert (out_scale is not None) == (compute.epilogue_quantization is not None)
         x = QuantizedActivation(self.scheme, a, a_scale.float() if a_scale.dtype != torch.uint8 else a_scale

@@ -242,8 +242,7 @@ class A8StandIn:
     def __init__(self, kernel, scheme, w: torch.Tensor, bias: torch.Tensor | None):
         self.kernel, self.scheme, self.w, self.bias = kernel, scheme, w, bias
 
-    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, window_offsets=None):
-        assert window_offsets is None, "8-bit activations: GEMM1 writes one row per assignment"
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None):
         assert a.dtype == torch.uint8 and a_scale is not None and a_scale.dtype == torch.float32
         assert (topk_weights is not None) == self.kernel.plan.compute.topk_weight
         ids, rows = self.routed_rows(QuantizedActivation(self.scheme, a, a_scale).dequantize(torch.float64), out,

@@ -43,11 +43,7 @@ def grouped_layer(**kwargs):
     return moe, w13, w2
 
 
-@pytest.mark.parametrize("windowed", [False, True], ids=["copied", "windowed-gemm1"])
-def test_forward_runs_compaction_grouped_gemm_and_weighted_sum(windowed, monkeypatch):
-    import humming_gen.layer.moe as moe_module
-
-    monkeypatch.setattr(moe_module, "WINDOWED_GEMM1", windowed)
+def test_forward_runs_compaction_grouped_gemm_and_weighted_sum():
     moe, w13, w2 = grouped_layer()
     assert set(moe.down_gemms) == {GROUPED} and "down_gemms=" in repr(moe)
     for m in (2, 37, 300):  # a standard bucket and the warp-specialized ones
@@ -56,24 +52,12 @@ def test_forward_runs_compaction_grouped_gemm_and_weighted_sum(windowed, monkeyp
         ids[0] = -1  # a token with every slot dropped gives a zero row
         bucket = moe.bucket_for(m, TOP_K)
         calls = [g.calls for g in moe._grouped_down]
-        gemm1_calls = (moe._launchers[bucket][0].calls, (moe._window_gemm1[bucket] or moe._launchers[bucket][0]).calls)
         out = moe(x, weights, ids)
         assert torch.equal(out[0], torch.zeros(H, dtype=torch.bfloat16))
         assert rel(out, reference_fused_moe(x.double(), w13, w2, weights.double(), ids)) < 2e-2
         # this batch's bucket ran its grouped launcher once, no other bucket's, and no indexed down GEMM
         assert [g.calls - c for g, c in zip(moe._grouped_down, calls)] == [int(b == bucket) for b in range(len(calls))]
         assert moe._launchers[bucket][1].calls == 0
-        # GEMM1 into the windows in the warp-specialized buckets (WINDOWED_GEMM1), else per assignment then the
-        # compaction
-        in_windows = moe._windowed[bucket]
-        assert in_windows == (windowed and moe._launchers[bucket][0].kernel.plan.pipeline == "warp_specialized")
-        assert (moe._window_gemm1[bucket] is not None) == in_windows
-        if in_windows:
-            assert (moe._launchers[bucket][0].calls - gemm1_calls[0],
-                    moe._window_gemm1[bucket].calls - gemm1_calls[1]) == (0, 1)
-        else:
-            assert moe._launchers[bucket][0].calls - gemm1_calls[0] == 1
-    assert any(moe._windowed) == windowed
 
 
 def test_default_choice_per_bucket():

@@ -24,17 +24,14 @@ E, H, I, TOP_K = 4, 256, 128, 2
 class MoeStandIn:
     """Stands in for a bound indexed launcher: out[i] = a[i // top_k] @ W[e]^T (+ b[e]) (* topk_weights[i]) for
     each assignment i that sorted_ids lists below num_tokens_post_pad, e the expert of its block (a gated kernel:
-    act(gate, up) of those rows, W's in tile order); a kernel writing expert windows puts routed position pos at row
-    pos - expert_offsets[e] + window_offsets[e] instead of row i."""
+    act(gate, up) of those rows, W's in tile order)."""
 
     def __init__(self, kernel, w: torch.Tensor, bias: torch.Tensor | None):
         self.kernel, self.w, self.bias = kernel, w, bias
         self.calls = 0
 
-    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_top_k=None, window_offsets=None):
+    def moe(self, a, out, routing, top_k, topk_weights=None, a_scale=None, out_top_k=None):
         assert a_scale is None  # 16-bit activations
-        windows = self.kernel.plan.compute.output_rows == "expert_windows"
-        assert (window_offsets is not None) == windows
         atomic = self.kernel.plan.compute.topk_reduce == "atomic"
         assert (out_top_k is not None) == atomic
         self.calls += 1
@@ -46,7 +43,6 @@ class MoeStandIn:
         ids = routing.sorted_ids[:total].long()
         experts = routing.expert_ids[:total // block_m].long().repeat_interleave(block_m)
         keep = ids < out.shape[0] * (out_top_k or 1)
-        positions = torch.arange(total)[keep]
         ids, experts = ids[keep], experts[keep]
         rows = torch.zeros(ids.numel(), self.w.shape[1], dtype=torch.float64)
         for e in range(self.w.shape[0]):
@@ -62,9 +58,6 @@ class MoeStandIn:
             assert out.dtype == torch.float32
             out.index_add_(0, ids // out_top_k, rows.float())
             return
-        if windows:
-            out[positions - routing.expert_offsets.long()[experts] + window_offsets.long()[experts]] = rows.to(out.dtype)
-            return
         out[ids] = rows.to(out.dtype)
 
 
@@ -77,8 +70,6 @@ def make_layer(seed: int = 0, **kwargs) -> tuple[hg.QuantMoE, torch.Tensor, torc
     kernel_w13 = w13[:, gate_up_tile_order(I)] if moe.fused_activation else w13  # as the layer packs it
     moe._launchers = [(MoeStandIn(g1.kernel, kernel_w13, moe.bias13), MoeStandIn(g2.kernel, w2, moe.bias2))
                       for g1, g2 in moe._launchers]
-    moe._window_gemm1 = [None if g is None else MoeStandIn(g.kernel, kernel_w13, moe.bias13)
-                         for g in moe._window_gemm1]
     return moe, w13, w2
 
 

@@ -1,11 +1,9 @@
-"""QuantMoE's grouped down GEMM (down_gemm="grouped_contiguous") on the GPU: GEMM1's rows in per-expert windows
-(written so by the warp-specialized GEMM1 of 16-bit activations, ComputeConfig.output_rows, else copied by
-humming_gen.moe.compact), the grouped kernel on dense windows, and the router weight applied by the weighted top-k
-reduction (humming_gen.moe.reduce.weighted_topk_reduce).
+"""QuantMoE's grouped down GEMM (down_gemm="grouped_contiguous") on the GPU: GEMM1's rows copied into per-expert
+windows (humming_gen.moe.compact), the grouped kernel on dense windows, and the router weight applied by the weighted
+top-k reduction (humming_gen.moe.reduce.weighted_topk_reduce).
 
 - each step bit for bit against its torch reference (compact_rows_reference, weighted_topk_sum_reference), into
-  poisoned outputs: the compaction and the windowed GEMM1 write exactly the windows, the reduction reads no skipped
-  slot's row;
+  poisoned outputs: the compaction writes exactly the windows, the reduction reads no skipped slot's row;
 - the whole layer against the float64 reference MoE for 16-bit and 8-bit schemes, every bucket forced grouped (the
   standard pipeline's grouped kernels in the small ones, the warp-specialized ones above), beside the indexed
   layer on the same weights; -1 ids, expert_map, tokens with every slot dropped, one expert, top_k = E;
@@ -163,48 +161,10 @@ def test_grouped_down_matches_reference_and_the_indexed_layer(case):
             grouped._launchers[bucket][1].kernel.plan.pipeline
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
-@pytest.mark.parametrize("mapped", [False, True], ids=["ids", "expert-map"])
-def test_windowed_gemm1_writes_the_compacted_rows(case, mapped, monkeypatch):
-    """GEMM1 into the expert windows (ComputeConfig.output_rows, humming_gen.layer.moe.WINDOWED_GEMM1) against the
-    per-assignment GEMM1 compacted by the torch reference: the same bits in every window row, nothing written past
-    the windows; and the layer's forward through them against the float64 reference."""
-    import humming_gen.layer.moe as moe_module
-
-    monkeypatch.setattr(moe_module, "WINDOWED_GEMM1", True)
-    weights = _weights(case, seed=11)
-    moe = _layer(case, weights, GROUPED)
-    e, top_k = moe.num_experts, case[6]
-    m = 300 * e // top_k  # 300 rows per expert: the open-ended (warp-specialized) bucket
-    bucket = moe.bucket_for(m, top_k)
-    assert moe._windowed[bucket] and moe._window_gemm1[bucket].kernel.plan.compute.output_rows == "expert_windows"
-    table = expert_map(2 * e, e, 1, seed=m).cuda() if mapped else None
-    ids = random_ids(m, top_k, 2 * e if mapped else e, m, dropped=0.1, dtype=torch.int32).cuda()
-    routing = moe_align(ids, e, moe.block_ms[bucket], table)
-    x = torch.randn(m, moe.hidden, device="cuda").to(case[2])
-    width = moe.intermediate if moe.fused_activation else 2 * moe.intermediate
-    per_assignment = torch.full((m * top_k, width), float("nan"), dtype=case[2], device="cuda")
-    moe._launchers[bucket][0].moe(x, per_assignment, routing, top_k)
-    offsets = compact_offsets(routing.expert_counts)
-    want = torch.full_like(per_assignment, float("nan"))
-    compact_rows_reference(per_assignment, routing.inverse, routing.expert_ids, routing.expert_offsets, offsets,
-                           moe.block_ms[bucket], want)
-    got = torch.full_like(per_assignment, float("nan"))
-    moe._window_gemm1[bucket].moe(x, got, routing, top_k, window_offsets=offsets)
-    used = offsets[-1].item()
-    assert used > 0
-    assert torch.equal(got[:used].view(torch.int16), want[:used].view(torch.int16))
-    assert torch.isnan(got[used:].float()).all(), "rows past the windows must stay unwritten"
-    topk_weights = torch.rand(m, top_k, device="cuda")
-    out = _run(moe, x, topk_weights, ids, table)
-    assert _rel(out, _reference(moe, weights, x, topk_weights, ids, table)) < _tolerance(moe, m)
-
-
 @pytest.mark.parametrize("m", [7, 1000])
 def test_grouped_forward_is_its_steps_bits(m):
-    """Forward against its steps run by hand into fresh buffers: the per-assignment GEMM1, the compaction's torch
-    reference, the grouped GEMM into NaN rows, the weighted sum's torch reference: the same bits (no step depends on
-    another's leftovers)."""
+    """Forward against its steps run by hand into fresh buffers: GEMM1, the compaction's torch reference, the grouped
+    GEMM into NaN rows, the weighted sum's torch reference: the same bits (no step depends on another's leftovers)."""
     case = CASES[0]
     moe = _layer(case, _weights(case, seed=m), GROUPED)
     assert moe.fused_activation, "GEMM1 must write the activated rows that the steps below compact"

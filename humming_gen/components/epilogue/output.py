@@ -87,10 +87,6 @@ class StoreOutput(Component):
     # warp-specialized consumer holds up to 16 m tiles beside its accumulators, whose 64 more live registers would
     # spill
     tile_rows: bool = option_field()
-    # MoE GEMM1 writing expert windows (ComputeConfig.output_rows="expert_windows"): tile row m is row m of c itself,
-    # skipped from p.m on, where the pipeline passes the unit's window as c and m (expert_window) instead of looking
-    # the row up in sorted_ids
-    windows: bool = option_field()
     # Dense: the thread's column scales and biases come from column_factors(), which the pipeline calls before its
     # reductions (split-K: before the hand-off), so their loads overlap it instead of following the last slice's
     # workspace reads one (n tile, half) after another (a load after a store to c waits for it)
@@ -116,9 +112,6 @@ class StoreOutput(Component):
             raise ValueError("StoreOutput.token_scale_smem needs token_scale='token' and no row_map (dense)")
         if self.tile_rows and not self.row_map:
             raise ValueError("StoreOutput.tile_rows needs row_map (MoE)")
-        if self.windows and (not self.tile_rows or self.topk_weight or self.token_scale):
-            raise ValueError("StoreOutput.windows (MoE GEMM1's expert windows) needs tile_rows, and no topk_weight or "
-                             "token_scale (they are looked up by assignment)")
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
@@ -194,8 +187,6 @@ class StoreOutputStaged(StoreOutput):
         super().__attrs_post_init__()
         if self.fragment_store:
             raise ValueError("StoreOutputStaged stores whole tiles: fragment_store is StoreOutput's")
-        if self.windows:
-            raise ValueError("StoreOutputStaged looks its rows up in sorted_ids: windows is StoreOutput's")
         if self.prefetch_rows and not self.row_map:
             raise ValueError("StoreOutputStaged.prefetch_rows reads routed rows ahead: it needs row_map")
         if self.out_dtype not in ("bfloat16", "float16"):

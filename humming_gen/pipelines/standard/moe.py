@@ -37,12 +37,6 @@ def moe_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig
         elif compute.gemm != "indexed":
             reasons.append(f"tuning.split_k={tuning.split_k}: {compute.gemm} MoE kernels take split_k=1 (split-K "
                            f"MoE GEMMs are gemm='indexed')")
-    if compute.output_rows is not None and (tuning.pipeline != "warp_specialized"
-                                            or layer.scheme.activation is not None):
-        reasons.append(f"compute.output_rows={compute.output_rows!r}: the warp-specialized pipeline's kernels with "
-                       f"16-bit activations write expert windows; this {tuning.pipeline} kernel"
-                       f"{' with quantized activations' if layer.scheme.activation is not None else ''} writes one "
-                       f"row per assignment")
     if compute.gemm not in MOE_GEMMS and layer.num_experts > 1:
         reasons.append(f"layer.num_experts={layer.num_experts}: an MoE layer needs compute.gemm='indexed'")
     return reasons
@@ -75,5 +69,4 @@ def moe_name_suffix(compute: ComputeConfig) -> str:
         return ""
     return (_SUFFIX[compute.gemm] + ("_topkw" if compute.topk_weight else "")
             + (f"_{compute.epilogue_activation}" if compute.epilogue_activation else "")
-            + (f"_{compute.topk_reduce}" if compute.topk_reduce else "")
-            + ("_windows" if compute.output_rows == "expert_windows" else ""))
+            + (f"_{compute.topk_reduce}" if compute.topk_reduce else ""))

@@ -209,10 +209,6 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     # m blocks of the experts' row windows (grouped: MoeGroupedPersistentSchedule)
     expert_tensors: tuple[tuple[str, str], ...] = option_field(())
     grouped: str = option_field("")  # "grouped_contiguous" or "grouped_masked" ("": indexed or dense)
-    # indexed GEMM1 writing each expert's rows back to back (ComputeConfig.output_rows="expert_windows"): the store
-    # gets c and m of the unit's window (expert_window); c_bytes: bytes of an element of c
-    expert_windows: bool = option_field()
-    c_bytes: int = option_field(2)
     # the activation tile by TMA (ATileTma: the producer's first thread, no cp.async; Params as __grid_constant__)
     a_tma: bool = option_field()
     # whole tiles leave through the consumer warps' staging buffers (epilogue.output.StoreOutputStaged), after the

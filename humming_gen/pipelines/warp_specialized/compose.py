@@ -175,8 +175,8 @@ def layout_reasons(layer: LayerConfig) -> list[str]:
 
 def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: bool = False) -> list[str]:
     """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
-    copies activations (cp.async, or TMA through a tensor map) and bulk-copies the rest, one CTA per SM, split-K rather than stream-K; no clusters,
-    except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
+    copies activations (cp.async, or TMA through a tensor map) and bulk-copies the rest, one CTA per SM, split-K
+    rather than stream-K; no clusters, except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
     b_load='tma_multicast') or along N sharing activation stages (1x2, a_load='tma_multicast'). `a_bulk` (the 8-bit
     skeleton): a_load='tma' too, codes in the panels layout by bulk copy (compose_a8.panels_reasons says where)."""
     t = tuning
@@ -189,7 +189,7 @@ def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: b
                        f"of a cluster along N)")
     elif not a_bulk and t.a_load not in ("cp_async", "tma"):
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads 16-bit activations with 'cp_async' or 'tma' "
-                       f"(a tensor map encoded per call; dense kernels)")
+                       f"(a tensor map encoded per call: dense kernels and grouped MoE windows)")
     b_load = "tma_multicast" if t.cluster_m > 1 else "tma"
     if t.b_load != b_load or t.scale_load != "tma":
         reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r} with cluster_m={t.cluster_m}: the "
@@ -294,14 +294,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # the accumulators of a warp hold 16-row tiles in mma.sync's C order, so the standard epilogue serves both;
     # grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     routed_gemm1 = compute.gemm == "indexed" and not compute.topk_weight
-    windows = compute.output_rows == "expert_windows"  # GEMM1's rows into expert windows: the direct store's
     # (an atomic top-k reduction adds into the tokens' fp32 rows directly, unstaged: epilogue.topk_atomic)
-    staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None and not windows
+    staged = staged_store(layer, t, routed_gemm1) and compute.topk_reduce is None
     epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
         dtype=dtype, out_dtype=layer.out_dtype, out_scale=out_scale_of(layer, group, LAYOUT_WARP_K),
         bias=layer.has_bias,
         atom=WGMMA_M64NNK16_WARP, fragment_store=t.split_k > 1, row_map=gather, topk_weight=compute.topk_weight,
-        gated=compute.epilogue_activation or "", tile_rows=gather, windows=windows,
+        gated=compute.epilogue_activation or "", tile_rows=gather,
         **({"prefetch_rows": True} if staged and gather and PREFETCH_CHUNK_ROWS else {}))))
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
@@ -312,8 +311,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
                                        split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
-                                       staged_store=staged, expert_windows=windows, a_tma=a_tma,
-                                       **({"c_bytes": 4 if layer.out_dtype == "float32" else 2} if windows else {}))
+                                       staged_store=staged, a_tma=a_tma)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))

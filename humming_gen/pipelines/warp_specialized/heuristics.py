@@ -41,7 +41,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 MAX_SPLIT = 32
 MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
-# Dense 16-bit activations come by TMA (a tensor map per call, one copy per 64-k panel from the producer's first
+# Dense 16-bit activations and grouped MoE windows come by TMA (a tensor map per call, one copy per 64-k panel from the producer's first
 # thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
 # cp.async copies removed from the source: M = 1024 / 4096 / 8192 191.8 / 833.2 / 1737.3 -> 170.3 / 676.5 / 1441.5.
 TMA_ACTIVATIONS = True
