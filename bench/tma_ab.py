@@ -1,61 +1,159 @@
-"""A/B in one process: dense warp-specialized W4A16 layers and grouped MoE GEMMs with the activations by TMA
-(heuristics.TMA_ACTIVATIONS, the default) or by the producer threads' cp.async. Graph method
-(humming_gen.bench.timing.graph_time_us), layers rotated, us per layer, each pair timed in both orders and the faster
-of each kept (a GPU that has run hot for a while clocks lower); the dense rows also report the max relative error of
-each path against float64. The open-ended bucket's token tile: --large-tiles.
+"""A/B in one process: the warp-specialized 16-bit kernels with the activations by TMA (the defaults) or by the
+producer threads' cp.async, timed by the graph method (humming_gen.bench.timing.graph_time_us), layers rotated, us per
+layer; each variant timed in both orders and the faster kept (a GPU that has run hot for a while clocks lower).
 
-    python bench/tma_ab.py [--shapes 8192x8192,...] [--m 64,...] [--grouped-models deepseek,qwen3]
+- dense W4A16 layers: cp.async (heuristics.TMA_ACTIVATIONS off), TMA with the 127 idle producer threads polling the
+  ring (components.IDLE_PRODUCERS_EXIT off), TMA (default); the max relative error of each against float64;
+- MoE gate-up GEMMs (W4A16 int4 g128) on the models' shapes: indexed (rows gathered through moe_align's routing:
+  cp.async, or TMA a row per box, heuristics.TMA_GATHER) and grouped-contiguous (the expert windows: cp.async or
+  one TMA box per panel), and the whole QuantMoE layer with the indexed GEMM1 gathering either way; the max relative
+  error of the indexed GEMMs against float64 on a few experts' rows;
+- the open-ended bucket's token tile: --large-tiles.
+
+    python bench/tma_ab.py [--shapes 8192x8192,...] [--m 64,...] [--moe-models deepseek,qwen3] [--moe-m 1024,4096]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
-from humming_gen.pipelines.warp_specialized import heuristics
+from humming_gen.pipelines.warp_specialized import components, heuristics
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from moe_bench import MODELS, make_batch, quantize_experts  # noqa: E402
 
+SCHEME = "w4a16-int4-g128"
+DENSE_VARIANTS = {"cp.async": dict(tma=False), "TMA, idle threads poll": dict(exit=False), "TMA": {}}
+MOE_VARIANTS = {"cp.async": dict(tma=False), "TMA": {}}
 
-def dense_layers(n: int, k: int, tma: bool, count: int) -> tuple[list, torch.Tensor]:
-    own = heuristics.TMA_ACTIVATIONS
-    heuristics.TMA_ACTIVATIONS = tma
+
+@contextlib.contextmanager
+def switches(tma: bool = True, gather: bool = True, exit: bool = True):
+    """The heuristics' and components' switches while layers are built and their kernels compiled."""
+    own = heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT
+    heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT = tma, gather, exit
     try:
-        torch.manual_seed(n + k)
-        weights = [torch.randn(n, k, device="cuda") * 0.02 for _ in range(count)]
-        return [hg.QuantLinear.from_float(w, hg.scheme("w4a16-int4-g128")) for w in weights], weights[0]
+        yield
     finally:
-        heuristics.TMA_ACTIVATIONS = own
+        heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT = own
+
+
+def best_of_both_orders(calls: dict[str, list], x) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for order in (list(calls), list(reversed(calls))):
+        for name in order:
+            times[name].append(graph_time_us(calls[name], x))
+    return {name: min(v) for name, v in times.items()}
 
 
 def dense(shapes: list[tuple[int, int]], ms: list[int]) -> None:
-    print("| N x K | M | cp.async | TMA | ratio | rel err cp.async / TMA |\n|---|---|---|---|---|---|", flush=True)
+    names = list(DENSE_VARIANTS)
+    print("| N x K | M | " + " | ".join(names) + " | rel err " + " / ".join(names) + " |\n|---|---|"
+          + "---|" * (len(names) + 1), flush=True)
     for n, k in shapes:
         count = max(2, min(8, (1 << 29) // (n * k)))
-        paths = {tma: dense_layers(n, k, tma, count) for tma in (False, True)}
-        w = paths[True][1]
-        deq = hg.scheme("w4a16-int4-g128").quantize(w).dequantize(torch.float64)
+        torch.manual_seed(n + k)
+        weights = [torch.randn(n, k, device="cuda") * 0.02 for _ in range(count)]
+        deq = hg.scheme(SCHEME).quantize(weights[0]).dequantize(torch.float64)
         for m in ms:
             x = torch.randn(m, k, device="cuda").bfloat16()
-            ref = x.double() @ deq.T
-            times, errors = {False: [], True: []}, {}
-            for order in ((False, True), (True, False)):  # both orders: later runs of a hot GPU clock lower
-                for tma in order:
-                    layers = paths[tma][0]
-                    times[tma].append(graph_time_us([lambda a, lay=lay: lay(a) for lay in layers], x))
-            for tma, (layers, _) in paths.items():
-                out = layers[0](x)
-                errors[tma] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-            times = {tma: min(v) for tma, v in times.items()}
-            print(f"| {n} x {k} | {m} | {times[False]:.1f} | {times[True]:.1f} | {times[False] / times[True]:.3f} | "
-                  f"{errors[False]:.1e} / {errors[True]:.1e} |", flush=True)
-        del paths
-        torch.cuda.empty_cache()
+            layers, errors = {}, {}
+            for name, sw in DENSE_VARIANTS.items():
+                with switches(**sw):
+                    layers[name] = [hg.QuantLinear.from_float(w, hg.scheme(SCHEME)) for w in weights]
+                    out = layers[name][0](x)  # (compiled while the switches hold)
+                ref = x.double() @ deq.T
+                errors[name] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            times = best_of_both_orders({name: [lambda a, lay=lay: lay(a) for lay in ls]
+                                         for name, ls in layers.items()}, x)
+            print(f"| {n} x {k} | {m} | " + " | ".join(f"{times[v]:.1f}" for v in names) + " | "
+                  + " / ".join(f"{errors[v]:.1e}" for v in names) + " |", flush=True)
+            del layers
+            torch.cuda.empty_cache()
+
+
+def moe(models: list[str], ms: list[int], count: int = 2) -> None:
+    names = list(MOE_VARIANTS)
+    print("\n| model | M | GEMM | " + " | ".join(names) + " | rel err " + " / ".join(names) + " |\n|---|---|---|"
+          + "---|" * (len(names) + 1), flush=True)
+    scheme = hg.scheme(SCHEME)
+    for model in models:
+        spec = MODELS[model]
+        torch.manual_seed(0)
+        q13 = [quantize_experts(scheme, spec.experts, 2 * spec.intermediate, spec.hidden) for _ in range(count)]
+        q2 = [quantize_experts(scheme, spec.experts, spec.hidden, spec.intermediate) for _ in range(count)]
+        for m in ms:
+            b = make_batch(spec, m, seed=m)
+            built, errors = {}, {}
+            for name, sw in MOE_VARIANTS.items():
+                with switches(**sw):
+                    unfused = [hg.QuantMoE.from_quantized(a, c, fused_activation=False) for a, c in zip(q13, q2)]
+                    whole = [hg.QuantMoE.from_quantized(a, c, activation=spec.activation,
+                                                        gate_up_layout=spec.gate_up_layout) for a, c in zip(q13, q2)]
+                    bm = unfused[0].block_m(m, spec.top_k)
+                    routing = hg.moe_align(b.ids, spec.experts, bm)
+                    out = torch.empty(m * spec.top_k, 2 * spec.intermediate, dtype=torch.bfloat16, device="cuda")
+
+                    def indexed(a, layer, routing=routing, out=out, bm=bm):
+                        return hg.moe_gemm(a, layer, "w13", routing.sorted_ids, routing.expert_ids,
+                                           routing.num_tokens_post_pad, top_k=spec.top_k, block_m=bm, out=out)
+
+                    def grouped(a, layer, out=out):
+                        return hg.grouped_moe_gemm(a, layer, "w13", b.offsets, layout="grouped_contiguous", out=out)
+
+                    y = indexed(b.x, unfused[0]).clone()
+                    grouped(b.a13, unfused[0])
+                    whole[0](b.x, b.weights, b.ids)
+                    built[name] = (unfused, whole, indexed, grouped)
+                rows = torch.arange(m * spec.top_k, device="cuda")
+                picked = rows[(b.ids.reshape(-1) < 4)][:256]  # assignments of experts 0-3
+                errors[name] = _indexed_error(y, b, q13[0], picked, spec.top_k)
+            cells = {
+                "gate-up indexed": best_of_both_orders(
+                    {name: [lambda a, lay=lay, f=f[2]: f(a, lay) for lay in f[0]] for name, f in built.items()}, b.x),
+                "gate-up grouped": best_of_both_orders(
+                    {name: [lambda a, lay=lay, f=f[3]: f(a, lay) for lay in f[0]] for name, f in built.items()},
+                    b.a13),
+                "whole layer": best_of_both_orders(
+                    {name: [lambda a, lay=lay: lay(a, b.weights, b.ids) for lay in f[1]] for name, f in built.items()},
+                    b.x),
+            }
+            for gemm, times in cells.items():
+                err = " / ".join(f"{errors[v]:.1e}" for v in names) if gemm == "gate-up indexed" else ""
+                print(f"| {model} | {m} | {gemm} | " + " | ".join(f"{times[v]:.1f}" for v in names) + f" | {err} |",
+                      flush=True)
+            del built
+            torch.cuda.empty_cache()
+
+
+def _indexed_error(y: torch.Tensor, b, q13, picked: torch.Tensor, top_k: int) -> float:
+    """Max relative error of the indexed gate-up rows `picked` (assignment rows) against float64."""
+    experts = b.ids.reshape(-1)[picked].long()
+    x = b.x[picked // top_k].double()
+    worst = 0.0
+    for e in experts.unique().tolist():
+        sel = experts == e
+        w = expert_weight(q13, e)
+        ref = x[sel] @ w.T
+        worst = max(worst, ((y[picked[sel]].double() - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+def expert_weight(q, e: int) -> torch.Tensor:
+    """Expert e's dequantized weight (float64) of a stacked QuantizedWeight."""
+    from humming_gen.schemes import QuantizedWeight
+
+    def one(t):
+        return None if t is None else t[e]
+
+    return QuantizedWeight(q.scheme, one(q.codes), one(q.scales), one(q.zero_points), q.global_scale
+                           ).dequantize(torch.float64)
 
 
 def large_tiles(tiles: list[int], ms: list[int], n: int = 8192, k: int = 8192) -> None:
@@ -64,10 +162,12 @@ def large_tiles(tiles: list[int], ms: list[int], n: int = 8192, k: int = 8192) -
           flush=True)
     own = heuristics.LARGE_M_BLOCK
     built = {}
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k, device="cuda") * 0.02 for _ in range(4)]
     try:
         for t in tiles:
             heuristics.LARGE_M_BLOCK = t
-            built[t] = dense_layers(n, k, True, 4)[0]
+            built[t] = [hg.QuantLinear.from_float(w, hg.scheme(SCHEME)) for w in weights]
     finally:
         heuristics.LARGE_M_BLOCK = own
     for m in ms:
@@ -78,20 +178,20 @@ def large_tiles(tiles: list[int], ms: list[int], n: int = 8192, k: int = 8192) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="8192x8192,4096x4096,14336x4096,4096x14336")
-    ap.add_argument("--m", default="64,128,256,1024,4096,8192")
+    ap.add_argument("--shapes", default="8192x8192,14336x4096")
+    ap.add_argument("--m", default="256,1024,4096,8192")
     ap.add_argument("--large-tiles", default="", help="open-ended bucket token tiles to compare, e.g. 128,176")
     ap.add_argument("--large-m", default="8192")
-    ap.add_argument("--grouped-models", default="deepseek,qwen3", help="grouped GEMMs, TMA against cp.async")
-    ap.add_argument("--grouped-m", type=int, default=4096)
+    ap.add_argument("--moe-models", default="deepseek,qwen3", help="MoE gate-up GEMMs and layers, TMA against cp.async")
+    ap.add_argument("--moe-m", default="1024,4096")
     args = ap.parse_args()
     if args.large_tiles:
         large_tiles([int(v) for v in args.large_tiles.split(",")], [int(v) for v in args.large_m.split(",")])
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     if shapes:
         dense(shapes, [int(v) for v in args.m.split(",")])
-    if args.grouped_models:
-        grouped(args.grouped_models.split(","), args.grouped_m)
+    if args.moe_models:
+        moe(args.moe_models.split(","), [int(v) for v in args.moe_m.split(",")])
 
 
 if __name__ == "__main__":

@@ -161,3 +161,99 @@ def check_schedule_and_gather(plan, tmp_path, seed: int) -> None:
                 else:
                     assert nbytes == valid and src == (assignment // top_k * lda + gk) * element, (m0, row, chunk)
             assert len(seen) == chunks
+
+
+TMA_PRELUDE = """#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+typedef unsigned int u32;
+struct Dim { unsigned x; } threadIdx;
+struct Params { const void* sorted_ids; const void* expert_ids; const void* num_tokens_post_pad; int m; int top_k; };
+struct TensorMap {};
+// the producer warp's 32 lanes run one after another, twice: the first pass records each lane's ballot predicate
+// (per register j of gather_rows), the second answers every ballot from the whole warp's record
+std::vector<std::vector<int>> ballots;
+unsigned host_ballot(int j, bool pred) {
+  ballots[j][threadIdx.x % 32] = pred;
+  unsigned mask = 0;
+  for (int lane = 0; lane < 32; ++lane) mask |= (ballots[j][lane] ? 1u : 0u) << lane;
+  return mask;
+}
+#define __ballot_sync(mask, pred) host_ballot(j, (pred))
+#define __popc(x) __builtin_popcount(x)
+// TMA: smem offset, box coordinates (x: first column, y: row)
+void tensor_copy_2d(u32 dst, const TensorMap*, int x, int y, u32) { printf("copy %u %d %d\\n", dst, x, y); }
+"""
+
+TMA_MAIN = """
+int main(int argc, char** argv) {
+  const int m = atoi(argv[1]), top_k = atoi(argv[2]), blocks = atoi(argv[3]), kt = atoi(argv[4]);
+  std::vector<int> sorted_ids(blocks * cfg::kBlockM);
+  for (int& v : sorted_ids) scanf("%d", &v);
+  Params p{sorted_ids.data(), nullptr, nullptr, m, top_k};
+  TensorMap map;
+  ballots.assign(kAGatherRegs, std::vector<int>(32));
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<std::vector<int>> src(32, std::vector<int>(kAGatherRegs));
+    int rows[32];
+    for (int pass = 0; pass < 2; ++pass)
+      for (threadIdx.x = 0; threadIdx.x < 32; ++threadIdx.x) {
+        int regs[kAGatherRegs];
+        rows[threadIdx.x] = gather_rows(regs, p, b * cfg::kBlockM);
+        for (int j = 0; j < kAGatherRegs; ++j) src[threadIdx.x][j] = regs[j];
+      }
+    printf("block %d %d\\n", b, rows[0]);
+    for (threadIdx.x = 0; threadIdx.x < 32; ++threadIdx.x) {
+      if (rows[threadIdx.x] != rows[0]) printf("lanes disagree\\n");
+      int regs[kAGatherRegs];
+      for (int j = 0; j < kAGatherRegs; ++j) regs[j] = src[threadIdx.x][j];
+      load_a_stage(0, map, regs, kt, 0);
+    }
+  }
+  return 0;
+}
+"""
+
+
+def check_tma_gather(plan, tmp_path, seed: int) -> None:
+    """The TMA row gather (a_load='tma', indexed): for a routing of 37 tokens x top-3 over 8 experts with skipped
+    slots, every valid row r of an m block is copied once per 64-k panel from activation row sorted_ids[m0 + r] /
+    top_k into slot r of the panel (the swizzle is the hardware's, by address), padding rows not at all, and the
+    count gather_rows returns for the stage's transaction bytes is the block's valid rows, on every lane."""
+    c = {name: value for name, value, _ in plan.constants}
+    part = next(x for x in plan.components if type(x).__name__ == "ATileTma")
+    assert part.gather
+    body = environment().get_template(part.template).render(**part.context())
+    body = body[:body.index("// Shared-memory matrix descriptor")]  # (the descriptors need no host check)
+    cfg = "".join(f"constexpr int {name} = {value};\n" for name, value, _ in plan.constants)
+    source = tmp_path / "tma_gather.cpp"
+    source.write_text(TMA_PRELUDE + "namespace cfg {\n" + cfg + "}\n" + body + TMA_MAIN)
+    exe = tmp_path / "tma_gather"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(source)], check=True, capture_output=True)
+    block_m, panels = plan.tuning.block_m, plan.tuning.block_k // 64
+    torch.manual_seed(seed)
+    m_tokens, top_k, experts = 37, 3, 8
+    ids = torch.randint(0, experts, (m_tokens, top_k), dtype=torch.int32)
+    ids[0, 0] = ids[5, 2] = -1  # skipped assignments
+    r = moe_align_reference(ids, experts, block_m)
+    blocks = int(r.num_tokens_post_pad) // block_m
+    kt = 1
+    out = subprocess.run([str(exe), str(m_tokens * top_k), str(top_k), str(blocks), str(kt)],
+                         input=" ".join(map(str, r.sorted_ids[:blocks * block_m].tolist())), check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    assert "lanes disagree" not in out
+    heads = [i for i, line in enumerate(out) if line.startswith("block ")] + [len(out)]
+    assert len(heads) == blocks + 1
+    for b in range(blocks):
+        rows = int(out[heads[b]].split()[2])
+        copies = sorted(tuple(map(int, line.split()[1:])) for line in out[heads[b] + 1:heads[b + 1]])
+        want = []
+        for row in range(block_m):
+            assignment = int(r.sorted_ids[b * block_m + row])
+            if assignment < m_tokens * top_k:
+                want += [(panel * block_m * 128 + row * 128, kt * c["kBlockK"] + panel * 64, assignment // top_k)
+                         for panel in range(panels)]
+        assert copies == sorted(want), b
+        assert rows * panels == len(want)

@@ -441,8 +441,8 @@ __device__ __forceinline__ void store_output(const float (&acc)[cfg::kWarpNTiles
 
 // ---- pipeline.WarpSpecializedPipeline(kernel_name='gemm_wint4g128sbfloat16_abfloat16_n4096k4096_sm_90a_128x256x128s4w1x8x1k1_ws', block_m=128, consumer_warpgroups=2, group_params=('b_scale',), hoist_group_params=True, dequant_params=('scale',), convert_in_extract=True, split_k=False, pdl=True, a_tma=True, staged_store=True)
 // pipeline: warp-specialized (sm_90a). Warpgroup 0 produces: one thread bulk-copies the packed weights and
-// their b_scale rows, all 128 threads cp.async the activation tile; a full mbarrier per stage
-// completes when both have landed. Consumer warpgroup kWg (0-based; warpgroup kWg + 1 of the CTA) multiplies n tiles
+// their b_scale rows, and the activation tile by TMA; a full mbarrier per
+// stage completes when both have landed. Consumer warpgroup kWg (0-based; warpgroup kWg + 1 of the CTA) multiplies n tiles
 // [kWg, kWg + 1) x kWarpNTiles of every 64-row warp slice: its warp w dequantizes those tiles of slice w in registers
 // (the standard pipeline's layout and numeric components) and feeds each as the register A operand of one
 // wgmma m64n128k16, the tokens on N (swap-AB). Dequantization of k16 step s + 1 overlaps the wgmmas of step s
@@ -457,8 +457,9 @@ struct Ring {
 };
 
 __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int units) {
+  if (threadIdx.x != 0) return;  // the first thread issues every copy; the other threads would only poll the ring
   int stage = 0, phase = 0;
-  if (threadIdx.x == 0) prefetch_tensor_map(&p.a_map);
+  prefetch_tensor_map(&p.a_map);
   bool waited = false;
 #pragma unroll 1
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
@@ -467,15 +468,14 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
     for (int kt = tc.kt_begin; kt < tc.kt_end; ++kt) {
       mbarrier_wait(ring.empty_bars + 8 * stage, phase ^ 1);
       const u32 full = ring.full_bars + 8 * stage;
-      if (threadIdx.x == 0) {  // weights are written by no kernel: fetched before the wait for the previous grid
-        mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + kAStageTxBytes);
-        load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
-      }
+      // weights are written by no kernel: fetched before the wait for the previous grid
+      mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + kAStageTxBytes);
+      load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
       if (!waited) {
         wait_for_previous_grid();  // activations may come from the previous kernel
         waited = true;
       }
-      if (threadIdx.x == 0) load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);
+      load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);
       if (++stage == cfg::kStages) {
         stage = 0;
         phase ^= 1;
