@@ -1,13 +1,12 @@
-"""A/B in one process: the warp-specialized 16-bit kernels with the activations by TMA (the defaults) or by the
-producer threads' cp.async, timed by the graph method (humming_gen.bench.timing.graph_time_us), layers rotated, us per
-layer; each variant timed in both orders and the faster kept (a GPU that has run hot for a while clocks lower).
+"""A/B in one process: the warp-specialized 16-bit kernels with the activations by TMA (heuristics.TMA_ACTIVATIONS,
+the default) or by the producer threads' cp.async, timed by the graph method (humming_gen.bench.timing.graph_time_us),
+layers rotated, us per layer; each variant timed in both orders and the faster kept (a GPU that has run hot for a
+while clocks lower).
 
-- dense W4A16 layers: cp.async (heuristics.TMA_ACTIVATIONS off), TMA with the 127 idle producer threads polling the
-  ring (components.IDLE_PRODUCERS_EXIT off), TMA (default); the max relative error of each against float64;
-- MoE gate-up GEMMs (W4A16 int4 g128) on the models' shapes: indexed (rows gathered through moe_align's routing:
-  cp.async, or TMA a row per box, heuristics.TMA_GATHER) and grouped-contiguous (the expert windows: cp.async or
-  one TMA box per panel), and the whole QuantMoE layer with the indexed GEMM1 gathering either way; the max relative
-  error of the indexed GEMMs against float64 on a few experts' rows;
+- dense W4A16 layers, with the max relative error of each path against float64;
+- MoE (W4A16 int4 g128, the models' shapes): the grouped-contiguous gate-up GEMM (expert windows: one TMA box per
+  panel, or cp.async) and the whole QuantMoE layer (its grouped down GEMM from 64 rows per expert on); the indexed
+  GEMMs gather rows by cp.async either way;
 - the open-ended bucket's token tile: --large-tiles.
 
     python bench/tma_ab.py [--shapes 8192x8192,...] [--m 64,...] [--moe-models deepseek,qwen3] [--moe-m 1024,4096]
@@ -23,25 +22,24 @@ import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
-from humming_gen.pipelines.warp_specialized import components, heuristics
+from humming_gen.pipelines.warp_specialized import heuristics
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from moe_bench import MODELS, make_batch, quantize_experts  # noqa: E402
 
 SCHEME = "w4a16-int4-g128"
-DENSE_VARIANTS = {"cp.async": dict(tma=False), "TMA, idle threads poll": dict(exit=False), "TMA": {}}
-MOE_VARIANTS = {"cp.async": dict(tma=False), "TMA": {}}
+VARIANTS = {"cp.async": False, "TMA": True}
 
 
 @contextlib.contextmanager
-def switches(tma: bool = True, gather: bool = True, exit: bool = True):
-    """The heuristics' and components' switches while layers are built and their kernels compiled."""
-    own = heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT
-    heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT = tma, gather, exit
+def tma_activations(on: bool):
+    """heuristics.TMA_ACTIVATIONS while layers are built and their kernels compiled."""
+    own = heuristics.TMA_ACTIVATIONS
+    heuristics.TMA_ACTIVATIONS = on
     try:
         yield
     finally:
-        heuristics.TMA_ACTIVATIONS, heuristics.TMA_GATHER, components.IDLE_PRODUCERS_EXIT = own
+        heuristics.TMA_ACTIVATIONS = own
 
 
 def best_of_both_orders(calls: dict[str, list], x) -> dict[str, float]:
@@ -53,33 +51,33 @@ def best_of_both_orders(calls: dict[str, list], x) -> dict[str, float]:
 
 
 def dense(shapes: list[tuple[int, int]], ms: list[int]) -> None:
-    names = list(DENSE_VARIANTS)
+    names = list(VARIANTS)
     print("| N x K | M | " + " | ".join(names) + " | rel err " + " / ".join(names) + " |\n|---|---|"
           + "---|" * (len(names) + 1), flush=True)
     for n, k in shapes:
         count = max(2, min(8, (1 << 29) // (n * k)))
         torch.manual_seed(n + k)
-        weights = [torch.randn(n, k, device="cuda") * 0.02 for _ in range(count)]
-        deq = hg.scheme(SCHEME).quantize(weights[0]).dequantize(torch.float64)
+        quantized = [hg.scheme(SCHEME).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(count)]
+        deq = quantized[0].dequantize(torch.float64)
+        layers = {}
+        for name, on in VARIANTS.items():
+            with tma_activations(on):  # (a QuantLinear compiles every bucket's kernel when built)
+                layers[name] = [hg.QuantLinear.from_quantized(q) for q in quantized]
         for m in ms:
             x = torch.randn(m, k, device="cuda").bfloat16()
-            layers, errors = {}, {}
-            for name, sw in DENSE_VARIANTS.items():
-                with switches(**sw):
-                    layers[name] = [hg.QuantLinear.from_float(w, hg.scheme(SCHEME)) for w in weights]
-                    out = layers[name][0](x)  # (compiled while the switches hold)
-                ref = x.double() @ deq.T
-                errors[name] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            ref = x.double() @ deq.T
+            errors = {name: ((ls[0](x).double() - ref).abs().max() / ref.abs().max()).item()
+                      for name, ls in layers.items()}
             times = best_of_both_orders({name: [lambda a, lay=lay: lay(a) for lay in ls]
                                          for name, ls in layers.items()}, x)
             print(f"| {n} x {k} | {m} | " + " | ".join(f"{times[v]:.1f}" for v in names) + " | "
                   + " / ".join(f"{errors[v]:.1e}" for v in names) + " |", flush=True)
-            del layers
-            torch.cuda.empty_cache()
+        del layers, quantized
+        torch.cuda.empty_cache()
 
 
 def moe(models: list[str], ms: list[int], count: int = 2) -> None:
-    names = list(MOE_VARIANTS)
+    names = list(VARIANTS)
     print("\n| model | M | GEMM | " + " | ".join(names) + " | rel err " + " / ".join(names) + " |\n|---|---|---|"
           + "---|" * (len(names) + 1), flush=True)
     scheme = hg.scheme(SCHEME)
@@ -88,60 +86,51 @@ def moe(models: list[str], ms: list[int], count: int = 2) -> None:
         torch.manual_seed(0)
         q13 = [quantize_experts(scheme, spec.experts, 2 * spec.intermediate, spec.hidden) for _ in range(count)]
         q2 = [quantize_experts(scheme, spec.experts, spec.hidden, spec.intermediate) for _ in range(count)]
+        layers = {}
+        for name, on in VARIANTS.items():
+            with tma_activations(on):
+                layers[name] = ([hg.QuantMoE.from_quantized(a, c, fused_activation=False) for a, c in zip(q13, q2)],
+                                [hg.QuantMoE.from_quantized(a, c, activation=spec.activation,
+                                                            gate_up_layout=spec.gate_up_layout)
+                                 for a, c in zip(q13, q2)])
         for m in ms:
             b = make_batch(spec, m, seed=m)
-            built, errors = {}, {}
-            for name, sw in MOE_VARIANTS.items():
-                with switches(**sw):
-                    unfused = [hg.QuantMoE.from_quantized(a, c, fused_activation=False) for a, c in zip(q13, q2)]
-                    whole = [hg.QuantMoE.from_quantized(a, c, activation=spec.activation,
-                                                        gate_up_layout=spec.gate_up_layout) for a, c in zip(q13, q2)]
-                    bm = unfused[0].block_m(m, spec.top_k)
-                    routing = hg.moe_align(b.ids, spec.experts, bm)
-                    out = torch.empty(m * spec.top_k, 2 * spec.intermediate, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(m * spec.top_k, 2 * spec.intermediate, dtype=torch.bfloat16, device="cuda")
 
-                    def indexed(a, layer, routing=routing, out=out, bm=bm):
-                        return hg.moe_gemm(a, layer, "w13", routing.sorted_ids, routing.expert_ids,
-                                           routing.num_tokens_post_pad, top_k=spec.top_k, block_m=bm, out=out)
+            def grouped(a, layer):
+                return hg.grouped_moe_gemm(a, layer, "w13", b.offsets, layout="grouped_contiguous", out=out)
 
-                    def grouped(a, layer, out=out):
-                        return hg.grouped_moe_gemm(a, layer, "w13", b.offsets, layout="grouped_contiguous", out=out)
-
-                    y = indexed(b.x, unfused[0]).clone()
-                    grouped(b.a13, unfused[0])
-                    whole[0](b.x, b.weights, b.ids)
-                    built[name] = (unfused, whole, indexed, grouped)
-                rows = torch.arange(m * spec.top_k, device="cuda")
-                picked = rows[(b.ids.reshape(-1) < 4)][:256]  # assignments of experts 0-3
-                errors[name] = _indexed_error(y, b, q13[0], picked, spec.top_k)
+            errors = {}
+            for name, on in VARIANTS.items():
+                unfused, whole = layers[name]
+                with tma_activations(on):  # (grouped kernels and the layer's buckets compile at their first call)
+                    errors[name] = _grouped_error(grouped(b.a13, unfused[0]), b, q13[0])
+                    for layer in whole:
+                        layer(b.x, b.weights, b.ids)
             cells = {
-                "gate-up indexed": best_of_both_orders(
-                    {name: [lambda a, lay=lay, f=f[2]: f(a, lay) for lay in f[0]] for name, f in built.items()}, b.x),
                 "gate-up grouped": best_of_both_orders(
-                    {name: [lambda a, lay=lay, f=f[3]: f(a, lay) for lay in f[0]] for name, f in built.items()},
+                    {name: [lambda a, lay=lay: grouped(a, lay) for lay in ls[0]] for name, ls in layers.items()},
                     b.a13),
                 "whole layer": best_of_both_orders(
-                    {name: [lambda a, lay=lay: lay(a, b.weights, b.ids) for lay in f[1]] for name, f in built.items()},
-                    b.x),
+                    {name: [lambda a, lay=lay: lay(a, b.weights, b.ids) for lay in ls[1]]
+                     for name, ls in layers.items()}, b.x),
             }
             for gemm, times in cells.items():
-                err = " / ".join(f"{errors[v]:.1e}" for v in names) if gemm == "gate-up indexed" else ""
+                err = " / ".join(f"{errors[v]:.1e}" for v in names) if gemm == "gate-up grouped" else ""
                 print(f"| {model} | {m} | {gemm} | " + " | ".join(f"{times[v]:.1f}" for v in names) + f" | {err} |",
                       flush=True)
-            del built
-            torch.cuda.empty_cache()
+        del layers, q13, q2
+        torch.cuda.empty_cache()
 
 
-def _indexed_error(y: torch.Tensor, b, q13, picked: torch.Tensor, top_k: int) -> float:
-    """Max relative error of the indexed gate-up rows `picked` (assignment rows) against float64."""
-    experts = b.ids.reshape(-1)[picked].long()
-    x = b.x[picked // top_k].double()
+def _grouped_error(y: torch.Tensor, b, q13, experts: int = 4) -> float:
+    """Max relative error of the grouped gate-up rows of the first `experts` experts against float64."""
     worst = 0.0
-    for e in experts.unique().tolist():
-        sel = experts == e
-        w = expert_weight(q13, e)
-        ref = x[sel] @ w.T
-        worst = max(worst, ((y[picked[sel]].double() - ref).abs().max() / ref.abs().max()).item())
+    for e in range(experts):
+        lo, hi = int(b.offsets[e]), int(b.offsets[e + 1])
+        if hi > lo:
+            ref = b.a13[lo:hi].double() @ expert_weight(q13, e).T
+            worst = max(worst, ((y[lo:hi].double() - ref).abs().max() / ref.abs().max()).item())
     return worst
 
 

@@ -160,11 +160,9 @@ class Launcher:
         if missing:
             raise ValueError(f"kernel {kernel.name}: its argument spec lacks {sorted(missing)}")
         self._a_scale_slot = self._per_call.get(ACTIVATION_SCALE)
-        # a_load='tma': the activation's tensor map, encoded per (address, rows, row stride) and kept; its box is
-        # the tile's rows, or one row where an indexed MoE kernel gathers them through the routing
+        # a_load='tma': the activation's tensor map, encoded per (address, rows, row stride) and kept
         self._a_map_slot = self._per_call.get(ACTIVATION_MAP)
-        box_rows = 1 if plan.compute.gemm == "indexed" else plan.tuning.block_m
-        self._a_maps = (ActivationMaps(plan.layer.dtype, plan.layer.k, box_rows)
+        self._a_maps = (ActivationMaps(plan.layer.dtype, plan.layer.k, plan.tuning.block_m)
                         if self._a_map_slot is not None else None)
         self._a_scale_alignment = kernel.a_scale_alignment
         self._panels = kernel.activation_layout == "panels"  # a: (K / 128, m, 128) codes, lda the panel stride
@@ -290,11 +288,10 @@ class Launcher:
 
     def _launch(self, a: torch.Tensor, out: torch.Tensor, m: int) -> None:
         """Fill the per-call pointers, rows and strides (the other per-call fields are set) and launch."""
-        self._launch_at(a.data_ptr(), a.stride(0), out, m, a.shape[0])
+        self._launch_at(a.data_ptr(), a.stride(0), out, m)
 
-    def _launch_at(self, a: int, lda: int, out: torch.Tensor, m: int, a_rows: int | None = None) -> None:
-        """_launch with the activation rows given by address and row stride; `a_rows`, the rows of the activation
-        matrix (its tensor map's), where they are not m (indexed MoE: m counts assignment rows)."""
+    def _launch_at(self, a: int, lda: int, out: torch.Tensor, m: int) -> None:
+        """_launch with the activation rows given by address and row stride."""
         if self._fn is None:
             self._load()
         grid = self._grids.get(m)
@@ -306,8 +303,7 @@ class Launcher:
         values[at[ACTIVATION]], values[at[OUTPUT]] = a, out.data_ptr()
         values[at[ROWS]], values[at[LDA]], values[at[LDC]] = m, lda, out.stride(0)
         if self._a_maps is not None:  # (no rows: no unit reads the map)
-            rows = m if a_rows is None else a_rows
-            values[self._a_map_slot] = self._a_maps(a, rows, lda) if m and rows else bytes(MAP_BYTES)
+            values[self._a_map_slot] = self._a_maps(a, m, lda) if m else bytes(MAP_BYTES)
         runtime.launch(self._fn, grid, self._block, self._smem, self._struct.pack(*values), cluster=self._cluster,
                        pdl=self._pdl)
 

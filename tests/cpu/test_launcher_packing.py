@@ -129,27 +129,3 @@ def test_tensor_map_encoder_refuses_what_tma_cannot_address():
         encode_activation_map(0x1000, "bfloat16", 4, 64, 64, 300)
     with pytest.raises(ValueError, match="tensor map dtype 'float32'"):
         encode_activation_map(0x1000, "float32", 4, 64, 64, 128)
-
-
-def test_tma_gather_launch_maps_the_token_rows_a_row_per_box(launches, monkeypatch):
-    """An indexed MoE kernel gathering rows by TMA (heuristics.TMA_GATHER) takes a map of a's token rows (not of the
-    m assignment rows the launch counts) in boxes of one row."""
-    import humming_gen.runtime.tensor_map as tensor_map
-    from humming_gen.pipelines.warp_specialized.heuristics import moe_tuning_for
-
-    encoded = []
-    monkeypatch.setattr(tensor_map, "encode_activation_map",
-                        lambda *args: encoded.append(args) or bytes(128))
-    layer = LayerConfig(n=256, k=512, scheme="w4a16-int4-g128", num_experts=4)
-    compute = ComputeConfig(gemm="indexed", topk_weight=True)
-    plan = compose(layer, compute, moe_tuning_for(layer, TARGET, 64), TARGET)
-    assert plan.tuning.a_load == "tma" and plan.args[0].name == "a_map"
-    kernel = build_many([plan])[0]
-    weight = prepare_moe_weight(plan, layer.scheme.quantize(torch.randn(4, 256, 512) * 0.05), "cpu")
-    launcher = kernel.bind(weight, None, torch.device("cpu"), None)
-    launcher._fn = object()
-    routing = hg.moe_align(torch.randint(0, 4, (3, 2), dtype=torch.int32), 4, 64)
-    x, out, tw = torch.randn(3, 520).bfloat16()[:, :512], torch.empty(6, 256).bfloat16(), torch.rand(6)
-    launcher.moe(x, out, routing, 2, tw)
-    assert encoded == [(x.data_ptr(), "bfloat16", 3, 512, 520, 1)]
-    assert _fields(kernel, launches[-1][1])["m"] == 6

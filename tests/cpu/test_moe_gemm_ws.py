@@ -20,7 +20,7 @@ from humming_gen.layer.moe import QuantMoE
 from humming_gen.pipelines.common import missing_symbols
 from humming_gen.pipelines.warp_specialized.heuristics import MOE_BUCKETS, choose_moe_tunings, moe_tuning_for
 from humming_gen.targets import get_target
-from moe_host import CXX, check_schedule_and_gather, check_tma_gather, ws_moe_plans
+from moe_host import CXX, check_schedule_and_gather, ws_moe_plans
 from symbols import declaration_mismatches
 
 SM90 = get_target("sm_90a")
@@ -76,18 +76,8 @@ def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
     for field in ("b", "b_scale", "b_zero", "bias"):
         assert f"p.{field} = static_cast<const char*>(p.{field}) + static_cast<long long>(expert) * cfg::" in src
     assert "load_weight_stage(ring.stage(stage), weights, tc.n0, kt, full);" in src
-    # by TMA (heuristics.TMA_GATHER): the first warp gathers a row per lane and box, the stage's transaction bytes
-    # those of the unit's valid rows; the other producer warps leave, the full barrier takes the one expect_tx
-    assert plan.tuning.a_load == "tma"
-    assert "const int a_tx_bytes = gather_rows(a_src, p, tc.m0) * kARowBytes;" in src
-    assert "mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + a_tx_bytes);" in src
-    assert "if (threadIdx.x >= 32) return;" in src and "mbarrier_init(ring.full_bars + 8 * s, 1);" in src
-    assert "tensor_copy_2d(a_smem_stage + panel * kAPanelBytes + (lane + 32 * j) * 128, &map," in src
-    assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src and "cp_async_16(" not in src
-    # by cp.async: all 128 producer threads, rows passed around by shuffles
-    cp = hg.kernel.generate(compose(plan.layer, WEIGHTED, attrs.evolve(plan.tuning, a_load="cp_async"), SM90), "nvrtc")
-    assert "gather_rows(a_src, p, tc.m0);" in cp and "__shfl_sync(0xffffffffu, src[i / kAChunksPerRow]" in cp
-    assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in cp and "return;  // the first" not in cp
+    assert "gather_rows(a_src, p, tc.m0);" in src and "__shfl_sync(0xffffffffu, src[i / kAChunksPerRow]" in src
+    assert "src[j] = assignment < p.m ? assignment / p.top_k : -1;" in src
     # the consumers scatter each row to its assignment's row of c with the expert's bias and the router weight
     assert "store_output(acc, for_expert(p, tc.expert), tc.n0 + w * 64 + kTile0 * 16, tc.m0, ring.smem + " in src
     assert "sorted_ids[m_base + (mt0 + kChunkTiles + mc) * 8 + 2 * t + j]" in src  # a chunk ahead
@@ -98,9 +88,7 @@ def test_ws_moe_source_gathers_rebases_and_scatters() -> None:
     # the same Params fields (so Launcher.moe binds it) and the same packed weight as the standard MoE kernels
     standard = compose(plan.layer, WEIGHTED, attrs.evolve(choose_tunings(plan.layer, SM90, pipeline="standard")
                                                           .for_m(1), split_k=1), SM90)
-    # (beside the activation's tensor map, first)
-    assert [a.name for a in plan.args] == ["a_map"] + [a.name for a in standard.args]
-    assert plan.layout == standard.layout
+    assert [a.name for a in plan.args] == [a.name for a in standard.args] and plan.layout == standard.layout
     # the persistent grid covers the worst-case routing of m assignments, at most one CTA per SM
     bm, tiles = plan.tuning.block_m, consts["kNTiles"]
     assert plan.launch.units(100) == tiles * -(-(100 + 8 * (bm - 1)) // bm)
@@ -127,8 +115,7 @@ def test_ws_compose_refuses_what_moe_kernels_do_not_do() -> None:
         with pytest.raises(ComposeError, match="the router weights are applied by the caller's combine step"):
             compose(layer, ComputeConfig(gemm=gemm, topk_weight=True), tuning, SM90)
     with pytest.raises(ComposeError, match="gathered MoE rows come 16 per producer pass"):
-        compose(layer, WEIGHTED, attrs.evolve(tuning, block_k=64, block_m=8, a_load="cp_async"), SM90)
-    compose(layer, WEIGHTED, attrs.evolve(tuning, block_k=64, block_m=8, a_load="tma"), SM90)  # (a row per box)
+        compose(layer, WEIGHTED, attrs.evolve(tuning, block_k=64, block_m=8), SM90)
     with pytest.raises(ComposeError, match="not a multiple of 16"):
         compose(attrs.evolve(layer, n=1000), ComputeConfig(gemm="indexed", epilogue_activation="silu_mul"), tuning,
                 SM90)
@@ -216,9 +203,7 @@ def test_ws_moe_schedule_and_row_gather_on_the_host(block_m: int, tmp_path) -> N
     moe_align's routing: the units cover every (routed m block, n tile) once with its expert, and every 16-byte
     chunk of the activation tile is copied once, from row sorted_ids[m0 + r] / top_k (zero-filled for padding)."""
     plan = _plans(_layer("int4-g128", n=640, k=200), block_ms=(block_m,))[0]
-    check_tma_gather(plan, tmp_path, seed=block_m)
-    check_schedule_and_gather(compose(plan.layer, plan.compute, attrs.evolve(plan.tuning, a_load="cp_async"), SM90),
-                              tmp_path, seed=block_m)
+    check_schedule_and_gather(plan, tmp_path, seed=block_m)
 
 
 def test_routed_gemm1_stores_directly_and_gemm2_through_the_staging() -> None:

@@ -82,7 +82,8 @@ struct Params {
   int lda;  // row stride of a, elements
   int ldc;  // row stride of c, elements
 };
-static_assert(alignof(Params) == 64 && __builtin_offsetof(Params, a) == 128,
+// (no offsetof: NVRTC 13.0 rejects it here) the map is the first field, so the next starts at byte 128
+static_assert(sizeof(TensorMap) == 128 && alignof(Params) == 64,
               "the launcher packs the map's 128 bytes first and the struct to a multiple of 64 bytes");
 
 namespace hg {
@@ -457,9 +458,8 @@ struct Ring {
 };
 
 __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int units) {
-  if (threadIdx.x != 0) return;  // the first thread issues every copy; the other threads would only poll the ring
   int stage = 0, phase = 0;
-  prefetch_tensor_map(&p.a_map);
+  if (threadIdx.x == 0) prefetch_tensor_map(&p.a_map);
   bool waited = false;
 #pragma unroll 1
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
@@ -468,14 +468,15 @@ __device__ __forceinline__ void produce(const Params& p, const Ring& ring, int u
     for (int kt = tc.kt_begin; kt < tc.kt_end; ++kt) {
       mbarrier_wait(ring.empty_bars + 8 * stage, phase ^ 1);
       const u32 full = ring.full_bars + 8 * stage;
-      // weights are written by no kernel: fetched before the wait for the previous grid
-      mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + kAStageTxBytes);
-      load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
+      if (threadIdx.x == 0) {  // weights are written by no kernel: fetched before the wait for the previous grid
+        mbarrier_arrive_expect_tx(full, weight_stage_bytes(tc.n0) + kAStageTxBytes);
+        load_weight_stage(ring.stage(stage), p, tc.n0, kt, full);
+      }
       if (!waited) {
         wait_for_previous_grid();  // activations may come from the previous kernel
         waited = true;
       }
-      load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);
+      if (threadIdx.x == 0) load_a_stage(ring.stage(stage), p.a_map, tc.m0, kt, full);
       if (++stage == cfg::kStages) {
         stage = 0;
         phase ^= 1;

@@ -36,25 +36,16 @@ class ATileSw128CpAsync(Component):
 @attrs.frozen
 class ATileTma(Component):
     """16-bit activation tile by TMA (a tensor map per call, one 2-D copy per 64-k panel with the 128-byte swizzle
-    wgmma reads), and its step descriptors: a_load='tma' of the 16-bit kernels. Dense and grouped-MoE tiles come as
-    one box of the tile's rows per panel; gathered (indexed MoE) rows as one box of one row each, issued by a warp."""
+    wgmma reads), and its step descriptors: a_load='tma' of the dense and grouped-MoE 16-bit kernels."""
 
     template: ClassVar[str] = "pipelines/warp_specialized/a_tile_tma.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"tma", "wgmma"})
     ptx: ClassVar[tuple[str, ...]] = ("tensor_copy",)
+    provides: ClassVar[frozenset[str]] = frozenset({"kAPanelBytes", "kAPanels", "kAStageTxBytes", "load_a_stage",
+                                                   "smem_descriptor", "a_step_descriptor"})
+    needs: ClassVar[frozenset[str]] = frozenset({"tensor_copy_2d"})
     dtype: str
-    gather: bool = option_field()  # MoE (indexed): rows gathered through the routing's sorted assignments
-
-    @property
-    def provides(self) -> frozenset[str]:  # type: ignore[override]
-        per_tile = {"kARowBytes", "kAGatherRegs", "gather_rows"} if self.gather else {"kAStageTxBytes"}
-        return frozenset({"kAPanelBytes", "kAPanels", "load_a_stage", "smem_descriptor", "a_step_descriptor"}
-                         | per_tile)
-
-    @property
-    def needs(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset({"tensor_copy_2d"} | ({"Params"} if self.gather else set()))
 
     def extra_context(self) -> dict:
         return {"bytes": 2}  # (the descriptors' k16 steps)
@@ -138,12 +129,6 @@ class WeightStageBulk(Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "cluster": self.cluster_m > 1}
 
 
-# Producer threads that issue no copies leave at once instead of polling the ring beside the one(s) that do (the
-# consumers' issue slots are what bounds these kernels). False keeps the 127 beside a single issuing thread polling
-# (measurements: bench/tma_ab.py); a TMA row gather always runs on exactly one warp.
-IDLE_PRODUCERS_EXIT = True
-
-
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
@@ -192,21 +177,10 @@ class RingSkeleton:
                   else set())
         return needs
 
-    def producer_lanes(self, producer_cp_async: bool, a_tma: bool) -> int:
-        """Producer threads that issue copies (the rest leave at once rather than poll the ring): all 128 where they
-        cp.async, or where a two-CTA cluster's final barrier needs them; the first warp where TMA gathers rows (a
-        row per lane); else the first thread (bulk copies and whole-tile boxes)."""
-        if producer_cp_async or self.clustered:
-            return 128
-        if a_tma and self.gather:
-            return 32  # (exactly: a lane per row)
-        return 1 if IDLE_PRODUCERS_EXIT else 128
-
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         """(a_bulk, the activation tile by one bulk copy, and a_tma, by TMA through a tensor map, are False unless the
         skeleton sets them.)"""
-        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe,
-                "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
                 "release_stage": ("release_stage(ring, stage)" if self.clustered
@@ -255,7 +229,7 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
         needs |= {"load_group_pair"} if self.dequant_params else set()
         if self.a_tma:  # (no generic-proxy writes to fence before wgmma reads the stage)
             needs = ((needs - {"cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared"})
-                     | {"kARowBytes" if self.gather else "kAStageTxBytes", "prefetch_tensor_map"})
+                     | {"kAStageTxBytes", "prefetch_tensor_map"})
         return frozenset(needs)
 
     @property
@@ -270,8 +244,7 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
                 "activation_scales": False,
                 **self.ring_context("u16", "activations may come from the previous kernel"),
-                "a_tma": self.a_tma, "producer_cp_async": not self.a_tma,
-                "producer_lanes": self.producer_lanes(not self.a_tma, self.a_tma)}
+                "a_tma": self.a_tma, "producer_cp_async": not self.a_tma}
 
 
 @attrs.frozen
@@ -385,5 +358,4 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "producer_lanes": self.producer_lanes(self.producer_cp_async, False),
                 "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}

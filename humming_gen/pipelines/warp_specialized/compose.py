@@ -189,7 +189,7 @@ def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: b
                        f"of a cluster along N)")
     elif not a_bulk and t.a_load not in ("cp_async", "tma"):
         reasons.append(f"tuning.a_load={t.a_load!r}: the producer loads 16-bit activations with 'cp_async' or 'tma' "
-                       f"(a tensor map encoded per call: a box of the tile's rows, or of one gathered row)")
+                       f"(a tensor map encoded per call: dense kernels and grouped MoE windows)")
     b_load = "tma_multicast" if t.cluster_m > 1 else "tma"
     if t.b_load != b_load or t.scale_load != "tma":
         reasons.append(f"tuning.b_load={t.b_load!r}, scale_load={t.scale_load!r} with cluster_m={t.cluster_m}: the "
@@ -259,8 +259,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     grouped = compute.gemm if compute.gemm in GROUPED_GEMMS else ""
     reasons = (common_reasons(layer, compute, target, moe_gemms=MOE_GEMMS) + layout_reasons(layer)
                + tuning_reasons(t) + moe_reasons(layer, compute, t))
+    reasons += moe_tuning_reasons(t) if gather else []
     a_tma = t.a_load == "tma"
-    reasons += moe_tuning_reasons(t) if gather and not a_tma else []  # (TMA gathers any whole 8-row tile)
+    if a_tma and gather:
+        reasons.append("tuning.a_load='tma' with gemm='indexed': its rows are gathered through the routing with "
+                       "'cp_async' (a tensor map serves dense activations and grouped row windows)")
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:
@@ -276,8 +279,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
 
     numeric, apply, convert_in_extract = dequant_chain(layer, group, t.block_m // 8, slice_scale=False,
                                                        warp_k=LAYOUT_WARP_K)
-    memory: list[Component] = [ATileTma(dtype=dtype, gather=gather) if a_tma
-                               else ATileSw128CpAsync(dtype=dtype, gather=gather),
+    memory: list[Component] = [ATileTma(dtype=dtype) if a_tma else ATileSw128CpAsync(dtype=dtype, gather=gather),
                                BChunkShared(bits=s.weight.bits),
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:

@@ -45,9 +45,14 @@ MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
 # thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
 # cp.async copies removed from the source: M = 1024 / 4096 / 8192 191.8 / 833.2 / 1737.3 -> 170.3 / 676.5 / 1441.5.
 TMA_ACTIVATIONS = True
-# Indexed MoE rows (gathered through the routing) by TMA too, where TMA_ACTIVATIONS: a box of one row per row and
-# 64-k panel from the producer's first warp, instead of 128 threads' cp.async (to be measured: bench/tma_ab.py).
-TMA_GATHER = True
+# Measured slower and removed (2026-12-03, H200, bench/tma_ab.py, W4A16 int4 g128, graph us, both orders, faster
+# kept): indexed MoE rows gathered by TMA, one box of one row x 64 k per row and panel from the producer's first warp
+# (the 128-byte swizzle follows the shared-memory address, so the results were right: GPU suite passed); the TMA
+# unit takes some 17 cycles per 128-byte box, so at M = 4096 the gate-up GEMMs ran 4x slower than the cp.async
+# gather (DeepSeek-V3 per rank 613.6 -> 2675.5, Qwen3-30B-A3B 465.4 -> 1834.9; whole layers 1192.8 -> 3267.7 and
+# 831.1 -> 2167.2). And with TMA activations, the producer threads that issue nothing leaving at once instead of
+# polling the ring: 8192 x 8192 M = 1024 / 4096 / 8192 179.8 / 794.9 / 1638.6 (polling) against 196.6 / 823.9 /
+# 1643.0 (leaving).
 
 
 def _split(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -83,12 +88,10 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     return deepest(layer, target, fields)
 
 
-def _a_load(layer: LayerConfig, grouped: bool = False) -> str:
-    """Activations by TMA (TMA_ACTIVATIONS): dense ones and grouped windows as a box of the tile's rows, indexed MoE
-    rows gathered a row per box where TMA_GATHER; else by the producer threads' cp.async."""
-    if not TMA_ACTIVATIONS:
-        return "cp_async"
-    return "tma" if layer.num_experts == 1 or grouped or TMA_GATHER else "cp_async"
+def _a_load(layer: LayerConfig) -> str:
+    """Dense activations by TMA (TMA_ACTIVATIONS); indexed MoE rows are gathered by cp.async (grouped windows: TMA,
+    moe_tuning_for)."""
+    return "tma" if TMA_ACTIVATIONS and layer.num_experts == 1 else "cp_async"
 
 
 def deepest(layer: LayerConfig, target: Target, fields: dict, reserved: int = 0) -> TuningConfig:
@@ -133,12 +136,11 @@ def moe_tuning_for(layer: LayerConfig, target: Target, block_m: int, reserved: i
                    grouped: bool = False) -> TuningConfig:
     """The tuning of an MoE GEMM with `block_m` tokens per tile (indexed; `grouped` ones reserve their schedule's
     expert prefix, `reserved` bytes of static shared memory, and read their row windows by TMA where
-    TMA_ACTIVATIONS: rows past a window feed only tokens the store skips; indexed ones gather rows by TMA where
-    TMA_GATHER too)."""
+    TMA_ACTIVATIONS: rows past a window feed only tokens the store skips)."""
     if layer.scheme.activation is not None:
         return moe_tuning_for_a8(layer, target, block_m, reserved)
     fields = dict(pipeline="warp_specialized", mma="wgmma", block_m=block_m, block_n=BLOCK_N, block_k=BLOCK_K,
-                  warps_m=1, warps_n=8, warps_k=1, a_load=_a_load(layer, grouped),
+                  warps_m=1, warps_n=8, warps_k=1, a_load="tma" if grouped and TMA_ACTIVATIONS else "cp_async",
                   b_load="tma", scale_load="tma", split_k=1)
     return deepest(layer, target, fields, reserved)
 
