@@ -45,13 +45,13 @@ MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
 # thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
 # cp.async copies removed from the source: M = 1024 / 4096 / 8192 191.8 / 833.2 / 1737.3 -> 170.3 / 676.5 / 1441.5.
 TMA_ACTIVATIONS = True
-# Measured slower and removed (2026-12-03, H200, bench/tma_ab.py, W4A16 int4 g128, graph us, both orders, faster
-# kept): indexed MoE rows gathered by TMA, one box of one row x 64 k per row and panel from the producer's first warp
-# (the 128-byte swizzle follows the shared-memory address, so the results were right: GPU suite passed); an SM's
-# TMA unit took about 48 ns per 128-byte box (DeepSeek: 7.3 M boxes over 132 SMs), so at M = 4096 the gate-up
-# GEMMs ran 4x slower than the cp.async gather (DeepSeek-V3 per rank 613.6 -> 2675.5, Qwen3-30B-A3B 465.4 ->
-# 1834.9; whole layers 1192.8 -> 3267.7 and 831.1 -> 2167.2). And with TMA activations, the producer threads that issue nothing leaving at once instead of
-# polling the ring: 8192 x 8192 M = 1024 / 4096 / 8192 179.8 / 794.9 / 1638.6 (polling) against 196.6 / 823.9 /
+# Measured slower and removed (2026-12-03, H200, bench/tma_ab.py, W4A16 int4 g128, graph us, both orders, faster kept):
+# indexed MoE rows gathered by TMA, one box of one row x 64 k per row and panel from the producer's first warp (the
+# 128-byte swizzle follows the shared-memory address, so the results were right: GPU suite passed); an SM's TMA unit
+# took about 48 ns per 128-byte box (DeepSeek: 7.3 M boxes over 132 SMs), so at M = 4096 the gate-up GEMMs ran 4x slower
+# than the cp.async gather (DeepSeek-V3 per rank 613.6 -> 2675.5, Qwen3-30B-A3B 465.4 -> 1834.9; whole layers 1192.8 ->
+# 3267.7 and 831.1 -> 2167.2). And with TMA activations, the producer threads that issue nothing leaving at once instead
+# of polling the ring: 8192 x 8192 M = 1024 / 4096 / 8192 179.8 / 794.9 / 1638.6 (polling) against 196.6 / 823.9 /
 # 1643.0 (leaving).
 
 
