@@ -17,6 +17,7 @@ from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build_many
+from humming_gen.pipelines.warp_specialized.heuristics import choose_moe_tunings
 from humming_gen.reference.moe import reference_fused_moe
 from humming_gen.targets import get_target
 from test_moe_ops import E, H, I, make_layer, rel, routing
@@ -54,9 +55,12 @@ def _plans(scheme: str, target: str, compute: ComputeConfig, bias: bool = True):
     tg = get_target(target)
     plans = []
     for pipeline in ("standard", "warp_specialized") if target == "sm_90a" else ("standard",):
-        for m_max, t in choose_tunings(layer, tg, pipeline=pipeline, stored=False).buckets:
+        # (the warp-specialized MoE buckets QuantMoE runs, from 32 rows per expert: heuristics.moe_tunings)
+        buckets = (choose_moe_tunings(layer, tg).buckets if pipeline == "warp_specialized"
+                   else choose_tunings(layer, tg, pipeline=pipeline, stored=False).buckets)
+        for m_max, t in buckets:
             if t.pipeline != pipeline or (m_max is not None and m_max < 32 and pipeline == "warp_specialized"):
-                continue  # (QuantMoE's warp-specialized buckets start at 32 rows per expert: heuristics.moe_tunings)
+                continue
             plans.append(compose(layer, compute, attrs.evolve(t, split_k=1), tg))
     return plans
 

@@ -39,6 +39,11 @@ BLOCK_K = 128  # two 64-k chunks per stage: half the stage hand-offs of 64, and 
 #   wider tile fills as many SMs (8192 x 8192 M = 128: 37.8 against 45.9) it wins.
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, None)
 LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
+# ... except where the dequantization holds more registers per tile (fp32 group or block scales, float zero points):
+# NVRTC 13.0 (the H200's) spilled 4-12 bytes there at 176 tokens (uint4 g128 float zero points, fp8 128 x 128 blocks),
+# 13.5 did not; 160 fit both. With TMA activations the tile barely matters at M = 8192 (W4A16 8192 x 8192, 128 / 160 /
+# 176 tokens: 1615.5 / 1624.4 / 1608.7 us).
+LARGE_M_BLOCK_HEAVY_GROUPS = 160
 MAX_SPLIT = 32
 MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
 # Dense 16-bit activations and grouped MoE windows come by TMA (a tensor map per call, one copy per 64-k panel from the producer's first
@@ -53,6 +58,14 @@ TMA_ACTIVATIONS = True
 # 3267.7 and 831.1 -> 2167.2). And with TMA activations, the producer threads that issue nothing leaving at once instead
 # of polling the ring: 8192 x 8192 M = 1024 / 4096 / 8192 179.8 / 794.9 / 1638.6 (polling) against 196.6 / 823.9 /
 # 1643.0 (leaving).
+
+
+def _large_m_block(layer: LayerConfig) -> int:
+    """The open-ended bucket's token tile: LARGE_M_BLOCK, or LARGE_M_BLOCK_HEAVY_GROUPS where the consumers hold fp32
+    group / block scales or float zero points."""
+    s = layer.scheme
+    heavy = s.zero_point == "float" or (s.granularity in ("group", "block") and s.scale_dtype.name == "float32")
+    return min(LARGE_M_BLOCK, LARGE_M_BLOCK_HEAVY_GROUPS) if heavy else LARGE_M_BLOCK
 
 
 def _split(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -70,7 +83,7 @@ def tuning_for(layer: LayerConfig, target: Target, m_max: int | None) -> TuningC
     n_tiles = math.ceil(math.ceil(layer.n / LAYOUT_BLOCK_N) * LAYOUT_BLOCK_N / BLOCK_N)
     k_tiles = math.ceil(layer.k / BLOCK_K)
     if m_max is None:
-        block_m, split = LARGE_M_BLOCK, 1
+        block_m, split = _large_m_block(layer), 1
     else:
         options = []  # (units, block_m, split), the widest token tile first
         for bm in sorted({min(128, math.ceil(m_max / 8) * 8), min(64, math.ceil(m_max / 8) * 8)}, reverse=True):
