@@ -51,7 +51,10 @@ CASES = ([(cid, kw, dt, 1536, 2048, False, SKINNY_M_VALUES) for cid, kw, dt in F
          + [(f"int4-g128-n{n}-k{k}", dict(weight="int4", group_size=128), torch.bfloat16, n, k, True,
              M_VALUES + (8192,) if n == 8192 else SKINNY_M_VALUES if n <= 3072 else M_VALUES) for n, k in SHAPES]
          + [(f"fp16-int4-g128-n{n}-k{k}", dict(weight="int4", group_size=128), torch.float16, n, k, True,
-             SKINNY_M_VALUES if n <= 3072 else M_VALUES) for n, k in SHAPES[:3]])
+             SKINNY_M_VALUES if n <= 3072 else M_VALUES) for n, k in SHAPES[:3]]
+         # the open-ended bucket's 160-token tile (heuristics.LARGE_M_BLOCK_HEAVY_GROUPS)
+         + [(f"{cid}-open-bucket", kw, dt, 1536, 2048, False, (4100,)) for cid, kw, dt in FORMATS
+            if cid in ("uint4-g128-fzp", "float8e4m3-block128")])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -65,6 +68,7 @@ def test_warp_specialized_matches_reference(case):
     for m in m_values:
         kernel = layer.kernel_for(m)
         assert kernel.plan.pipeline == "warp_specialized", f"m={m} runs {kernel.plan.pipeline}"
+        assert not cid.endswith("-open-bucket") or kernel.plan.tuning.block_m == 160, kernel.name
         x = torch.randn(m, k, device="cuda").to(dtype)
         a = x if k % 8 == 0 else torch.nn.functional.pad(x, (0, (-k) % 8)).contiguous()
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poison
