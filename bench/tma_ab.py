@@ -22,6 +22,7 @@ import torch
 
 import humming_gen as hg
 from humming_gen.bench.timing import graph_time_us
+from humming_gen.layer.moe import expert_weight
 from humming_gen.pipelines.warp_specialized import heuristics
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -129,20 +130,9 @@ def _grouped_error(y: torch.Tensor, b, q13, experts: int = 4) -> float:
     for e in range(experts):
         lo, hi = int(b.offsets[e]), int(b.offsets[e + 1])
         if hi > lo:
-            ref = b.a13[lo:hi].double() @ expert_weight(q13, e).T
+            ref = b.a13[lo:hi].double() @ expert_weight(q13, e).dequantize(torch.float64).T
             worst = max(worst, ((y[lo:hi].double() - ref).abs().max() / ref.abs().max()).item())
     return worst
-
-
-def expert_weight(q, e: int) -> torch.Tensor:
-    """Expert e's dequantized weight (float64) of a stacked QuantizedWeight."""
-    from humming_gen.schemes import QuantizedWeight
-
-    def one(t):
-        return None if t is None else t[e]
-
-    return QuantizedWeight(q.scheme, one(q.codes), one(q.scales), one(q.zero_points), q.global_scale
-                           ).dequantize(torch.float64)
 
 
 def large_tiles(tiles: list[int], ms: list[int], n: int = 8192, k: int = 8192) -> None:

@@ -132,9 +132,9 @@ class Launcher:
     the kernel's spec (KernelPlan.args) marks as bound is resolved once here; a call fills in the activation and
     output pointers, m and the row strides (a_load='tma': and the activation's tensor map, encoded on the first call
     of each address, rows and row stride, which raises where TMA cannot address them). So a call checks only which
-    arguments the kernel takes, not the tensors' dtypes, shapes, devices or alignment: QuantLinear, QuantMoE, moe_gemm and grouped_moe_gemm check
-    them before they call a launcher; a caller of `QuantMoE.launcher_for` / `grouped_launcher` must pass what
-    those functions would accept."""
+    arguments the kernel takes, not the tensors' dtypes, shapes, devices or alignment: QuantLinear, QuantMoE,
+    moe_gemm and grouped_moe_gemm check them before they call a launcher; a caller of `QuantMoE.launcher_for` /
+    `grouped_launcher` must pass what those functions would accept."""
 
     __slots__ = ("kernel", "weight", "bias", "device", "_values", "_per_call", "_struct", "_fn", "_grid", "_block",
                  "_smem", "_pdl", "_cluster", "_scratch_rows", "_scratch", "_scratch_slots", "_a_scale_slot",

@@ -13,8 +13,8 @@ from humming_gen.components.numeric.extract import PlaneExtract, ThreeBitSharedS
 from humming_gen.components.numeric.scale_apply import (FloatZeroPointScale, IntZeroPoint, IntZeroPointScale,
                                                          SubtractOffset, SubtractOffsetScale)
 from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
-from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_MAP, BIAS, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING, ROWS, SCRATCH, TOP_K,
-                                        WEIGHT, GroupPlan, KernelArg, WeightLayout)
+from humming_gen.pipelines.base import (ACTIVATION, ACTIVATION_MAP, BIAS, LDA, LDC, OUT_TOP_K, OUTPUT, ROUTING, ROWS,
+                                        SCRATCH, TOP_K, WEIGHT, GroupPlan, KernelArg, WeightLayout)
 from humming_gen.schemes import QuantScheme
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target

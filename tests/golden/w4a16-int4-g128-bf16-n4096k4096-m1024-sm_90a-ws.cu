@@ -3,7 +3,7 @@
 // layer   n=4096 k=4096 weight=int4 scale=bfloat16/g128 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
 // tuning  pipeline=warp_specialized mma=wgmma block=128x256x128 warps=1x8x1 stages=4 split_k=1 stream_k=no load=a:tma,b:tma,scale:tma ctas_per_sm=1 raster=n_major cluster=1x1
-// target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
+// target  sm_90a   compiler nvrtc 13.0   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
 // components (in order):
 //   ptx.SmemAddress()
 //   ptx.Stmatrix(x1=False, x2=True)

@@ -3,7 +3,7 @@
 // layer   n=4096 k=4096 weight=float4e2m1 scale=float8e8m0/g32 zero_point=no act=16-bit dtype=bfloat16 out=bfloat16 bias=no
 // compute gemm=dense batch_invariant=no accum=float32 input_scale=row_major epilogue=[]
 // tuning  pipeline=standard mma=m16n8k16 block=8x128x256 warps=1x2x4 stages=3 split_k=8 stream_k=no load=a:cp_async,b:cp_async,scale:cp_async ctas_per_sm=2 raster=n_major cluster=1x1
-// target  sm_90a   compiler nvrtc 13.5   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
+// target  sm_90a   compiler nvrtc 13.0   options -arch=sm_90a --std=c++17 -default-device --ptxas-options=-O3 --ptxas-options=-v -DNDEBUG
 // components (in order):
 //   ptx.SmemAddress()
 //   ptx.CpAsync()

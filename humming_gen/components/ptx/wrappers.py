@@ -269,8 +269,8 @@ TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "cp_async_drain", "ldmatrix",
              "stmatrix_x1", "stmatrix_x2", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "mbarrier_tx", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg", "named_barrier",
-             "epilogue_sync")
+             "mbarrier", "mbarrier_tx", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg",
+             "named_barrier", "epilogue_sync")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

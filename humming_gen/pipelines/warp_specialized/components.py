@@ -180,7 +180,8 @@ class RingSkeleton:
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         """(a_bulk, the activation tile by one bulk copy, and a_tma, by TMA through a tensor map, are False unless the
         skeleton sets them.)"""
-        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe,
+                "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
                 "release_stage": ("release_stage(ring, stage)" if self.clustered

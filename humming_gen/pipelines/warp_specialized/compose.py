@@ -176,9 +176,10 @@ def layout_reasons(layer: LayerConfig) -> list[str]:
 def ring_reasons(tuning: TuningConfig, weight_multicast: bool = False, a_bulk: bool = False) -> list[str]:
     """What the warp-specialized ring takes of a tuning, whatever the activations: wgmma, a producer that
     copies activations (cp.async, or TMA through a tensor map) and bulk-copies the rest, one CTA per SM, split-K
-    rather than stream-K; no clusters, except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing weight stages (cluster 2x1,
-    b_load='tma_multicast') or along N sharing activation stages (1x2, a_load='tma_multicast'). `a_bulk` (the 8-bit
-    skeleton): a_load='tma' too, codes in the panels layout by bulk copy (compose_a8.panels_reasons says where)."""
+    rather than stream-K; no clusters, except (`weight_multicast`: the 8-bit skeleton) two CTAs along M sharing
+    weight stages (cluster 2x1, b_load='tma_multicast') or along N sharing activation stages (1x2,
+    a_load='tma_multicast'). `a_bulk` (the 8-bit skeleton): a_load='tma' too, codes in the panels layout by bulk copy
+    (compose_a8.panels_reasons says where)."""
     t = tuning
     reasons = []
     if t.mma != "wgmma":

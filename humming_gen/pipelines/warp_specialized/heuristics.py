@@ -46,8 +46,8 @@ LARGE_M_BLOCK = 176  # token tile of the open-ended bucket
 LARGE_M_BLOCK_HEAVY_GROUPS = 160
 MAX_SPLIT = 32
 MIN_SLICE_K_TILES = 2  # k tiles per split-K slice at least
-# Dense 16-bit activations and grouped MoE windows come by TMA (a tensor map per call, one copy per 64-k panel from the producer's first
-# thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
+# Dense 16-bit activations and grouped MoE windows come by TMA (a tensor map per call, one copy per 64-k panel from
+# the producer's first thread) instead of 128 producer threads' cp.async. bench/ws_ablation.py (H200, W4A16 8192 x 8192, graph us) with the
 # cp.async copies removed from the source: M = 1024 / 4096 / 8192 191.8 / 833.2 / 1737.3 -> 170.3 / 676.5 / 1441.5.
 TMA_ACTIVATIONS = True
 # Measured slower and removed (2026-12-03, H200, bench/tma_ab.py, W4A16 int4 g128, graph us, both orders, faster kept):
@@ -62,7 +62,7 @@ TMA_ACTIVATIONS = True
 
 def _large_m_block(layer: LayerConfig) -> int:
     """The open-ended bucket's token tile: LARGE_M_BLOCK, or LARGE_M_BLOCK_HEAVY_GROUPS where the consumers hold fp32
-    group / block scales or float zero points."""
+    group / block scales or float zero points (never wider than LARGE_M_BLOCK, which measurements lower)."""
     s = layer.scheme
     heavy = s.zero_point == "float" or (s.granularity in ("group", "block") and s.scale_dtype.name == "float32")
     return min(LARGE_M_BLOCK, LARGE_M_BLOCK_HEAVY_GROUPS) if heavy else LARGE_M_BLOCK
