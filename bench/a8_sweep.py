@@ -59,7 +59,8 @@ for name in presets:
     scheme = hg.scheme(name)
     qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=scales_fold(qws[0]))  # as QuantLinear decides it
-    plan = choose_tunings(layer, target, stored=False)
+    # the register-weight kernels (their variants include clusters; the shared-weight plans: bench/ss_bench.py)
+    plan = choose_tunings(layer, target, stored=False, register_weights=True)
     for m in ms:
         base = plan.for_m(m) if MODE == "small" else dict(plan.buckets)[None]
         x = torch.randn(m, k, device="cuda").bfloat16()

@@ -3,7 +3,7 @@ points, bias, odd shapes, group sizes that are not multiples of 16, and the warp
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
 persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
-stages, group-32 activation scales, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
+stages, group-32 activation scales, tokens on wgmma's M, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
 also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import argparse
@@ -12,6 +12,7 @@ import attrs
 import torch
 
 import humming_gen as hg
+from humming_gen.heuristics import choose_tunings
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, weight_multicast
 from humming_gen.reference import reference_gemm
@@ -31,6 +32,8 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          ("w4a8-mxfp4-fp8", 576, 2048, True, (150,)), ("w4a8-int4-g128-int8", 4096, 1024, False, (300,)),
          # codes in the panels layout by one bulk copy and no producer cp.async (full barrier of one arrival)
          ("w8a8-fp8-channel", 1024, 2048, False, (5, 700)),
+         # tokens on wgmma's M (block scales from M = 256): 256-row tiles, the last with one valid layout block
+         ("w8a8-fp8-block128", 3900, 1024, True, (1500,)),
          # group-32 fp8 activation scales staged with the codes: four promotion groups a stage, in two token halves
          (dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0",
                activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32)), 576, 1024, True,
@@ -55,6 +58,13 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if not CLUSTERS_ONLY else 
         ref = reference_gemm(x.double(), qw, bias=None if bias is None else bias.double())
         worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
 
+def register_plan(qw) -> TuningPlan:
+    """The heuristics' plan with register weights (clusters are generated for those; the default layer of 8-bit
+    weights reads them from shared memory)."""
+    layer = hg.QuantLinear.from_quantized(qw)
+    return choose_tunings(layer.layer_config, layer.target, stored=False, register_weights=True)
+
+
 # split-K slices that wait for each other across waves of the persistent grid
 if not CLUSTERS_ONLY:
     qw = hg.QuantScheme("int4", group_size=128).quantize(torch.randn(1024, 4096, device="cuda") * 0.05)
@@ -67,8 +77,8 @@ if not CLUSTERS_ONLY:
 # second at M = 5), pairs of n tiles, banded, staged block scales beside
 for name, n, k in (("w8a8-fp8-channel", 2048, 1024), ("w8a8-fp8-block128", 2048, 1024)):
     qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
-    base = hg.QuantLinear.from_quantized(qw)
-    tuning = activation_multicast(attrs.evolve(base.tunings.for_m(4096), block_m=128))
+    base = register_plan(qw)
+    tuning = activation_multicast(attrs.evolve(base.for_m(4096), block_m=128))
     layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
     for m in (5, 300):
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -79,8 +89,8 @@ for name, n, k in (("w8a8-fp8-channel", 2048, 1024), ("w8a8-fp8-block128", 2048,
 # refilled across units, folded e8m0 scales and block scales multicast with the weights
 for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 1024), ("w8a8-fp8-block128", 2048, 1024)):
     qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
-    base = hg.QuantLinear.from_quantized(qw)
-    tuning = weight_multicast(attrs.evolve(base.tunings.for_m(4096), block_m=128))
+    base = register_plan(qw)
+    tuning = weight_multicast(attrs.evolve(base.for_m(4096), block_m=128))
     layer = hg.QuantLinear.from_quantized(qw, tunings=TuningPlan(((None, tuning),)))
     x = torch.randn(300, k, device="cuda").bfloat16()
     ref = reference_gemm(x.double(), qw)

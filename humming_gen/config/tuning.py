@@ -38,6 +38,11 @@ TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a p
 # fragments), or "shared" (wgmma's shared-memory A operand through a descriptor: the 8-bit warp-specialized kernels
 # of pipelines.warp_specialized.compose_a8, whose weights are packed in wgmma's canonical layout, BLayoutSw128)
 B_OPERANDS = ("registers", "shared")
+# Which wgmma dimension the tokens take: "n" (swap-AB: weights on M, 64 rows a warpgroup, tokens on N, 8..256 of
+# them, so small M pads nothing), or "m" (tokens the shared-memory A operand, 64 a warpgroup, and the weights on N:
+# the 8-bit shared-weight kernels at large M, whose per-token scales are then two rows a thread instead of one per
+# token column, and whose per-column scales are the weights')
+TOKENS_ON = ("n", "m")
 RASTERS = ("n_major", "m_major", "m_band")  # m_band: persistent grids walk bands of BAND_M m tiles m-fastest
 BAND_M = 8
 MAX_WARPS = 16
@@ -80,6 +85,7 @@ class TuningConfig(JsonConfig):
     cluster_m: int = 1
     cluster_n: int = 1
     b_operand: str = attrs.field(default="registers", metadata={"listed_when_set": True})
+    tokens_on: str = attrs.field(default="n", metadata={"listed_when_set": True})
     _key_cache: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     __hash__ = JsonConfig.__hash__
@@ -105,6 +111,7 @@ class TuningConfig(JsonConfig):
         check_int(o, "cluster_m", self.cluster_m, lo=1, hi=4)
         check_int(o, "cluster_n", self.cluster_n, lo=1, hi=4)
         check_choice(o, "b_operand", self.b_operand, B_OPERANDS)
+        check_choice(o, "tokens_on", self.tokens_on, TOKENS_ON)
         raise_reasons(o, self._consistency_reasons())
 
     def _consistency_reasons(self) -> list[str]:
@@ -140,6 +147,9 @@ class TuningConfig(JsonConfig):
         if self.b_operand == "shared" and self.mma != "wgmma":
             reasons.append(f"b_operand='shared' (weights read by the MMA from shared memory) needs mma='wgmma', got "
                            f"mma={self.mma!r}")
+        if self.tokens_on == "m" and self.b_operand != "shared":
+            reasons.append(f"tokens_on='m' (tokens as wgmma's shared-memory A operand) needs b_operand='shared' (the "
+                           f"weights then the B operand, also from shared memory), got b_operand={self.b_operand!r}")
         if self.stream_k and self.split_k > 1:
             reasons.append(f"stream_k=True and split_k={self.split_k} are mutually exclusive")
         return reasons
@@ -170,4 +180,5 @@ class TuningConfig(JsonConfig):
                 f"stream_k={'yes' if self.stream_k else 'no'} "
                 f"load=a:{self.a_load},b:{self.b_load},scale:{self.scale_load} ctas_per_sm={self.ctas_per_sm} "
                 f"raster={self.raster} cluster={self.cluster_m}x{self.cluster_n}"
-                + (f" b_operand={self.b_operand}" if self.b_operand != "registers" else ""))
+                + (f" b_operand={self.b_operand}" if self.b_operand != "registers" else "")
+                + (f" tokens_on={self.tokens_on}" if self.tokens_on != "n" else ""))

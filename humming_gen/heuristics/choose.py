@@ -58,11 +58,14 @@ PIPELINE_CHOICES = (None, "standard", "warp_specialized")
 
 
 def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | None = None,
-                   batch_invariant: bool = False, stored: bool = True, **overrides) -> TuningPlan:
+                   batch_invariant: bool = False, stored: bool = True, register_weights: bool = False,
+                   **overrides) -> TuningPlan:
     """One TuningConfig per M bucket for `layer` on `target`: the built-in heuristics (`heuristic_tunings`), with
     the buckets `humming_gen.autotune` stored for this GPU and driver in their place (pipeline None, no
     overrides, `stored`; humming_gen/tuning/store.py), or one K summation order for every M with
-    `batch_invariant` (humming_gen/heuristics/batch_invariant.py; pipeline None means standard)."""
+    `batch_invariant` (humming_gen/heuristics/batch_invariant.py; pipeline None means standard). `register_weights`:
+    8-bit warp-specialized kernels that read their weights from registers (the standard pipeline's packed layout)
+    where the heuristics would read them from shared memory."""
     target = get_target(target)
     if batch_invariant:
         if overrides:
@@ -70,7 +73,7 @@ def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | 
         from humming_gen.heuristics.batch_invariant import batch_invariant_tunings
 
         return batch_invariant_tunings(layer, target, pipeline)
-    plan = heuristic_tunings(layer, target, pipeline=pipeline, **overrides)
+    plan = heuristic_tunings(layer, target, pipeline=pipeline, register_weights=register_weights, **overrides)
     if stored and pipeline is None and not overrides:
         from humming_gen.tuning.store import with_stored
 
@@ -78,7 +81,8 @@ def choose_tunings(layer: LayerConfig, target: Target | str, *, pipeline: str | 
     return plan
 
 
-def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None, **overrides) -> TuningPlan:
+def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | None = None,
+                      register_weights: bool = False, **overrides) -> TuningPlan:
     """One TuningConfig per M bucket for `layer` on `target`, from the built-in heuristics.
 
     pipeline: None (the measured choice per bucket), "standard" or "warp_specialized" (every bucket it can
@@ -96,7 +100,8 @@ def heuristic_tunings(layer: LayerConfig, target: Target, *, pipeline: str | Non
         return standard
     start = ws_from_m(layer)
     small = [(m, t) for m, t in standard.buckets if m is not None and m < start]
-    ws = [(m, t) for m, t in WARP_SPECIALIZED.choose_tunings(layer, target).buckets if m is None or m >= start]
+    ws = [(m, t) for m, t in WARP_SPECIALIZED.choose_tunings(layer, target, register_weights).buckets
+          if m is None or m >= start]
     return TuningPlan(tuple(small + ws))
 
 

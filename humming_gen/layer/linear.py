@@ -103,8 +103,13 @@ class QuantLinear(torch.nn.Module):
         if quantize_in_gemm and self.activation_scheme is not None and not batch_invariant:
             from humming_gen.pipelines.standard.compose_a8 import quantize_a_plan
 
-            self.tunings = quantize_a_plan(self.tunings, self.layer_config, self.target,
-                                           static_scale=self._static_scale is not None)
+            fused = quantize_a_plan(self.tunings, self.layer_config, self.target,
+                                    static_scale=self._static_scale is not None)
+            if tunings is None and fused != self.tunings and any(t.b_operand == "shared" for t in fused.tunings()):
+                # the fusing buckets are the standard pipeline's, which read the register weights' packed layout
+                fused = quantize_a_plan(choose_tunings(self.layer_config, self.target, register_weights=True),
+                                        self.layer_config, self.target, static_scale=self._static_scale is not None)
+            self.tunings = fused
         if batch_invariant:
             from humming_gen.heuristics.batch_invariant import check_batch_invariant
 

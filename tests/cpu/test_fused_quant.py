@@ -190,8 +190,14 @@ def test_quantlinear_picks_fused_kernels_for_small_m_only() -> None:
     assert any(layer.quantizes_in_gemm)
     default = hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_90a", device="cpu")
     assert not any(default.quantizes_in_gemm)
+    # (the default layer reads its weights from shared memory: BLayoutSw128, which mma.sync does not read)
+    assert all(k.plan.tuning.b_operand == "shared" for _, k in default._buckets)
+    assert all(k.plan.tuning.b_operand == "registers" for _, k in layer._buckets)
+    default = hg.QuantLinear.from_float(w, "w8a8-fp8-channel", target="sm_90a", device="cpu",
+                                        tunings=choose_tunings(layer.layer_config, layer.target, stored=False,
+                                                               register_weights=True))
     # the fused buckets are the standard pipeline's (sm_90a's own plan runs the warp-specialized kernels there),
-    # the others the default plan's: one packed weight (BLayout8) for both
+    # the others the register-weight plan's: one packed weight (BLayout8) for both
     standard = choose_tunings(layer.layer_config, layer.target, pipeline="standard", stored=False)
     for (m_max, a), (_, b) in zip(layer._buckets, default._buckets):
         expected = standard.for_m(m_max) if m_max is not None and m_max <= 16 else b.plan.tuning
@@ -222,7 +228,7 @@ def test_quantlinear_fuses_per_tensor_scales_only_when_static() -> None:
 
 def test_quantize_a_plan_leaves_large_m_alone() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
-    plan = choose_tunings(layer, get_target("sm_90a"), stored=False)
+    plan = choose_tunings(layer, get_target("sm_90a"), stored=False, register_weights=True)
     fused = quantize_a_plan(plan, layer, get_target("sm_90a"))
     standard = choose_tunings(layer, get_target("sm_90a"), pipeline="standard", stored=False)
     for (m_max, t), (_, u) in zip(plan.buckets, fused.buckets):

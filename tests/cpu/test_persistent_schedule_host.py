@@ -13,13 +13,19 @@ import pytest
 from humming_gen.codegen.compose import compose
 from humming_gen.codegen.render import environment
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics import choose_tunings
+from humming_gen.heuristics import choose_tunings as heuristics_tunings
 from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, weight_multicast
 from humming_gen.targets import get_target
 
 CXX = shutil.which("g++") or shutil.which("c++")
 SM90 = get_target("sm_90a")
 PRELUDE = "#include <cstdio>\n#define __device__\n#define __forceinline__ inline\n"
+
+
+def choose_tunings(layer, target, **kw):
+    """The heuristics' plan with register weights: this module covers the BLayout8 kernels (the shared-weight ones,
+    which the heuristics pick for most dense 8-bit weights on sm_90a, are test_shared_weights.py's)."""
+    return heuristics_tunings(layer, target, register_weights=True, **kw)
 
 
 def _schedule_units(plan, tmp_path, fields: str, call: str = "unit_coord(i)"):
@@ -53,6 +59,10 @@ def _plans():
         layer = LayerConfig(n=n, k=k, scheme="w4a16-int4-g128")
         plans += [compose(layer, ComputeConfig(), t, SM90) for t in choose_tunings(layer, SM90).tunings()
                   if t.pipeline == "warp_specialized"]
+        # tokens on wgmma's M: 256-row tiles over weights padded to 128 rows (kNTiles rounds up)
+        layer = LayerConfig(n=n, k=-(-k // 128) * 128, scheme="w8a8-fp8-block128")  # (whole 1 x 128 groups)
+        plans += [compose(layer, ComputeConfig(), attrs.evolve(t, raster="n_major"), SM90)
+                  for t in heuristics_tunings(layer, SM90, stored=False).tunings() if t.tokens_on == "m"]
     return plans
 
 

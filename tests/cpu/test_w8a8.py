@@ -20,7 +20,7 @@ from humming_gen.codegen import compose
 from humming_gen.components.mma.atoms import MMA_SYNC_M16N8K16, MMA_SYNC_M16N8K32_8BIT
 from humming_gen.components.mma.wgmma import WgmmaRS8
 from humming_gen.config import ComputeConfig, LayerConfig
-from humming_gen.heuristics import choose_tunings
+from humming_gen.heuristics import choose_tunings as heuristics_tunings
 from humming_gen.kernel import build, build_many, generate
 from humming_gen.pipelines.base import ComposeError
 from humming_gen.runtime.compile import fatal_warnings
@@ -34,6 +34,12 @@ from humming_gen.targets import get_target
 from helpers import assert_no_spills
 
 LAYOUTS8 = [(128, 2, 64), (64, 1, 32), (256, 4, 128)]
+
+
+def choose_tunings(layer, target, **kw):
+    """The heuristics' plan with register weights: this module covers the BLayout8 kernels (the shared-weight ones,
+    which the heuristics pick for most dense 8-bit weights on sm_90a, are test_shared_weights.py's)."""
+    return heuristics_tunings(layer, target, register_weights=True, **kw)
 
 
 @pytest.mark.parametrize("spec", LAYOUTS8, ids=lambda s: "bn{}-wn{}-wk{}".format(*s))

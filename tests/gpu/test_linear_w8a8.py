@@ -219,7 +219,8 @@ def _cluster_linear(scheme: str, seed: int, k: int, multicast, **changes):
     if not target.has("clusters"):
         pytest.skip(f"{target.name} launches no clusters")
     layer = LayerConfig(n=n, k=k, scheme=qw.scheme, has_bias=True, fold_scales=scales_fold(qw))
-    base = choose_tunings(layer, target, stored=False).for_m(4096)
+    # (clusters are generated for register weights; the heuristics read most 8-bit weights from shared memory)
+    base = choose_tunings(layer, target, stored=False, register_weights=True).for_m(4096)
     stages = min(base.stages, 5 if changes["block_m"] == 192 else 6)
     tuning = multicast(attrs.evolve(base, stages=stages, **changes))
     linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))

@@ -207,3 +207,39 @@ class StoreOutputStaged(StoreOutput):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         return super().needs | {"stmatrix_x1_trans" if self.gated else "stmatrix_x2_trans"}
+
+
+@attrs.frozen
+class StoreOutputRows(Component):
+    """The store of accumulators whose rows are tokens (wgmma with the tokens on M, TuningConfig.tokens_on='m'):
+    adjacent columns of a row sit in one thread, so a pair of outputs is one store and a token's scale one value per
+    row. Dense, whole tiles: per-column fp32 scale, per-token or per-tensor activation scale, bias."""
+
+    template: ClassVar[str] = "epilogue/store_output_rows.cuh.j2"
+    family: ClassVar[str] = "epilogue"
+    provides: ClassVar[frozenset[str]] = frozenset({"store_output"})
+    dtype: str
+    out_dtype: str
+    out_scale: bool
+    bias: bool
+    token_scale: str = ""  # "token" (p.a_scale[m]), "tensor" (p.a_scale[0]) or "" (group scales: promoted)
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_scale not in ("", "token", "tensor"):
+            raise ValueError(f"StoreOutputRows.token_scale must be '', 'token' or 'tensor', got {self.token_scale!r}")
+
+    @property
+    def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("cvt_scalar",) if (self.bias or self.out_dtype != "float32") else ()
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"Params"} | ({"from_float"} if self.out_dtype != "float32" else set())
+                         | ({"to_float"} if self.bias else set()))
+
+    def extra_context(self) -> dict:
+        token = {"": "", "token": " * token[h]", "tensor": " * a_scale"}[self.token_scale]
+        value = ("acc[j][2 * h + e]" + (" * scale[jc][e]" if self.out_scale else "") + token
+                 + (" + bias[jc][e]" if self.bias else ""))
+        return {"out_ctype": _OUT_CTYPE[self.out_dtype], "value_expr": value,
+                "out_convert": "" if self.out_dtype == "float32" else "from_float"}

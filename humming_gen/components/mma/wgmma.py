@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import attrs
 
-from humming_gen.components.base import Component
+from humming_gen.components.base import Component, option_field
 from humming_gen.components.ptx.wrappers import PTX_PAIR_TYPE
 
 WGMMA_N = tuple(range(8, 257, 8))  # token counts an m64nNk16 instruction takes
@@ -92,4 +92,14 @@ class WgmmaSS8(WgmmaRS8):
     weight fragments and the MMA may run while the warpgroup does other work."""
 
     template: ClassVar[str] = "mma/wgmma_ss8.cuh.j2"
+    # the tokens are the A operand (64 of them a warpgroup) and the weights B, `n` weight rows (TuningConfig.tokens_on
+    # 'm'); else the weights are A (64 rows) and the tokens B, `n` of them
+    tokens_a: bool = option_field()
+
+    def extra_context(self) -> dict:
+        context = super().extra_context()
+        if self.tokens_a:  # the instruction's types are A's then B's
+            kind = "s32" if self.integer else "f32"
+            context["shape"] = f"{kind}.{WGMMA_8BIT_TYPE[self.activation]}.{WGMMA_8BIT_TYPE[self.weight]}"
+        return context
 

@@ -109,6 +109,9 @@ class WeightStageBulk(Component):
     group_params: tuple[str, ...]
     exponents: bool = option_field()  # the stage's b_exponent words (components.numeric.exponent_fold)
     weight_scales: bool = option_field()  # the tile's fp32 group scales of the stage's groups (8-bit promotion)
+    # weight blocks of at least 128 rows: each layout block's one scale per group, 16 bytes a block (tiles of one or
+    # two layout blocks), instead of the tile's (one-block) rows
+    block_scales: bool = option_field()
     # 2: the two CTAs of a cluster (one n tile, two m tiles) share each stage by multicast, half copied by each
     cluster_m: int = option_field(1)
 
@@ -293,6 +296,11 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     overlap: bool = option_field()
     # e8m0 activation group scales staged with the codes as bytes (ActivationScalesStage.e8m0)
     staged_e8m0: bool = option_field()
+    # the tokens are wgmma's A operand, 64 a consumer warpgroup, and the stage's weight panel B (TuningConfig.tokens_on
+    # 'm', shared_weights): the consumer of consume_tokens_m, whose accumulators are token rows (StoreOutputRows);
+    # overlapped halves are halves of the weight rows
+    tokens_m: bool = option_field()
+    block_n: int = option_field(128)
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -313,7 +321,10 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
 
     @property
     def mma_n(self) -> int:
-        """Tokens per wgmma: the tile's, or half of it where the promotion overlaps the other half's wgmmas."""
+        """wgmma's N: the tile's tokens (weight rows with tokens_m), or half of them where the promotion overlaps
+        the other half's wgmmas."""
+        if self.tokens_m:  # promoted partial sums: 128-row parts one at a time, or 64-row halves overlapped
+            return self.block_n if not self.promote_in_loop else 64 if self.overlap else 128
         return self.block_m // 2 if self.overlap else self.block_m
 
     @property
@@ -345,7 +356,9 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                   else " * w_scale[i / 2]")
         factors = weight + (" * a_scale[i % 2]" if self.activation_groups else "")
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
-        return {"promote_expr": partial + factors, "promote_in_loop": self.promote_in_loop,
+        if self.tokens_m:  # a thread's two token rows: scales s[0], s[1] of each promotion (weight scale folded in)
+            factors = " * s[i / 2]" if self.weight_groups or self.activation_groups else ""
+        return {"promote_expr": partial + factors, "mma_n": self.mma_n, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
                 "staged_scales": self.weight_groups or self.staged_activation_scales,
                 "activation_scales": self.staged_activation_scales, "fold_weight_scale": folded,

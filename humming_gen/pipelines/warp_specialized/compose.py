@@ -114,6 +114,8 @@ def staged_store(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool = 
     Qwen3-30B-A3B W4A16 gate-up at M = 4096 463 -> 507 us, DeepSeek-V3 per rank 651 -> 676; at M = 1024 175 -> 168),
     while their routed down GEMMs (318 -> 277, 721 -> 535), the grouped ones (436 -> 378) and W4A8's gate-up
     (500 -> 485) gained."""
+    if tuning.tokens_on == "m":
+        return False  # token-row accumulators: StoreOutputRows stores a thread's column pairs directly
     acc = N_TILES_PER_SLICE // consumer_warpgroups(tuning) * tuning.block_m // 2
     if layer.scheme.activation is not None:
         acc = tuning.block_m // 2  # one 16-row n tile per warp (compose_a8)

@@ -32,7 +32,8 @@ import math
 import attrs
 
 from humming_gen.components.base import Component
-from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOutput, StoreOutputStaged
+from humming_gen.components.epilogue.output import (SplitKParallelReduce, StoreOutput, StoreOutputRows,
+                                                    StoreOutputStaged)
 from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
 from humming_gen.components.mma.wgmma import WGMMA_8BIT_TYPE, WGMMA_N, WgmmaRS8, WgmmaSS8
@@ -73,6 +74,12 @@ MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a 
 # so wgmma's widest N fits (256 tokens: no spills, 4 stages; opt-in, unmeasured)
 MAX_BLOCK_M_UNPROMOTED = 256
 PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
+# Shared-weight (SS) tiles of fewer tokens keep one set of partial sums: each half's wgmmas read the 64 weight rows
+# from shared memory again, so halves of small tiles cost more shared-memory bandwidth than their overlap saves.
+# H200, N = K = 8192, graph us with the quantization (bench/ss_bench.py --small-one-set), halves -> one set:
+# fp8 block128 M = 16 / 64 / 128 25.0 / 28.3 / 38.5 -> 24.5 / 27.8 / 31.7 (register weights 24.8 / 28.0 / 33.5),
+# fp8 channel 23.2 / 25.5 / 31.9 -> 22.9 / 24.3 / 29.9 (24.5 / 26.1 / 32.6).
+SHARED_OVERLAP_FROM_BLOCK_M = 128
 # Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
 # consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle;
 # with it, only a stage's last half is promoted with nothing in flight), where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
@@ -131,10 +138,10 @@ def tile_weight_scale(layer: LayerConfig) -> bool:
     return s.granularity == "block" and s.block_size[0] % BLOCK_N == 0
 
 
-def weight_scale_bytes(layer: LayerConfig) -> int:
-    """Bytes staged of one weight scale group of a tile: its 128 rows' fp32 scales, or 16 (a bulk copy's least) of
-    which the first is the tile's one scale."""
-    return 16 if tile_weight_scale(layer) else BLOCK_N * 4
+def weight_scale_bytes(layer: LayerConfig, block_n: int = BLOCK_N) -> int:
+    """Bytes staged of one weight scale group of a tile: its 128 rows' fp32 scales, or 16 (a bulk copy's least) per
+    128-row layout block of which the first is the block's one scale."""
+    return 16 * (block_n // BLOCK_N) if tile_weight_scale(layer) else BLOCK_N * 4
 
 
 def staged_activation_scales(layer: LayerConfig) -> bool:
@@ -159,10 +166,10 @@ def staged_scale_bytes(layer: LayerConfig, block_k: int) -> int:
 def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     t = tuning
     w_group, a_group = promoted_weight_group_k(layer), standard_a8.activation_group_k(layer)
-    w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer) if w_group is not None else 0
+    w_scales = stage_groups(t.block_k, w_group) * weight_scale_bytes(layer, t.block_n) if w_group is not None else 0
     scale_bytes = staged_scale_bytes(layer, t.block_k)
     a_scales = stage_groups(t.block_k, a_group) * t.block_m * scale_bytes if scale_bytes else 0
-    return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
+    return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_n // BLOCK_N) * (t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
                       activation_scales=a_scales, staging=staging_bytes(layer, t))
 
@@ -189,6 +196,8 @@ def overlaps_promotion(layer: LayerConfig, tuning: TuningConfig) -> bool:
     wgroups = promoted_weight_group_k(layer) is not None
     agroups = standard_a8.activation_group_k(layer) is not None
     half = tuning.block_m // 2
+    if tuning.b_operand == "shared" and tuning.block_m < SHARED_OVERLAP_FROM_BLOCK_M:
+        return False
     if not (not integer or wgroups or agroups or not exact_k(layer)) or tuning.block_m % 16:
         return False  # nothing promoted in the loop (the skeleton's promote_in_loop), or halves off wgmma's n step
     if integer and half > 32 and half % 16:
@@ -231,8 +240,9 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     if t.cluster_m > 1 and (t.split_k > 1 or t.raster != "n_major"):
         reasons.append(f"tuning cluster={t.cluster_m}x{t.cluster_n} with split_k={t.split_k}, raster={t.raster!r}: "
                        f"cluster pairs walk whole tiles n-major (split_k=1, raster='n_major')")
-    if t.block_n != BLOCK_N:
-        reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block")
+    if t.block_n != BLOCK_N and not (t.tokens_on == "m" and t.block_n == 2 * BLOCK_N and t.block_k == 128):
+        reasons.append(f"tuning.block_n={t.block_n}: with 8-bit activations a tile is one {BLOCK_N}-row layout block "
+                       f"(two with tokens_on='m' and block_k=128)")
     if (t.warps_m, t.warps_n, t.warps_k) != (1, 4 * WARPGROUPS, 1):
         reasons.append(f"tuning warps={t.warps_m}x{t.warps_n}x{t.warps_k}: two consumer warpgroups, warps 1x8x1")
     if t.block_m not in WGMMA_N or t.block_m > MAX_BLOCK_M_UNPROMOTED:
@@ -262,6 +272,37 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
     if t.cluster_m * t.cluster_n > 1:
         reasons.append(f"b_operand='shared' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
     return reasons
+
+
+def tokens_m_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
+    """What tokens_on='m' (the tokens wgmma's A operand, 64 a consumer warpgroup, the weight panel B) needs beyond
+    shared weights: 128-token tiles, no split-K, and scales constant along a token row of the tile within each
+    promotion: weight blocks of at least the tile's 128 rows (one scale a tile and group) or channel / tensor weight
+    scales, activation group scales staged with the stage (fp32, or e8m0 where staged_e8m0_scales)."""
+    t = tuning
+    reasons = []
+    if t.block_m != 2 * 64:
+        reasons.append(f"tokens_on='m' with block_m={t.block_m}: two consumer warpgroups of 64 tokens (block_m=128)")
+    if t.split_k > 1:
+        reasons.append(f"tokens_on='m' with split_k={t.split_k}: whole tiles (split_k=1); the split-K hand-off "
+                       f"reads swap-AB fragments")
+    if promoted_weight_group_k(layer) is not None and not tile_weight_scale(layer):
+        reasons.append(f"tokens_on='m' with weight scales per group of {standard_a8.weight_group_k(layer)} k and "
+                       f"{layer.scheme.block_size[0] if layer.scheme.granularity == 'block' else 1} row(s): they vary "
+                       f"along a token row's columns; tokens_on='m' takes channel / tensor scales or blocks of at least "
+                       f"{BLOCK_N} rows")
+    if standard_a8.activation_group_k(layer) is not None and not staged_scale_bytes(layer, t.block_k):
+        reasons.append(f"tokens_on='m' with e8m0 activation group scales that are not staged (K={layer.k}, "
+                       f"block_k={t.block_k}): K must be whole stages")
+    return reasons
+
+
+def promotes(layer: LayerConfig) -> bool:
+    """Partial sums are promoted into the accumulators inside the k loop (fp8, group scales, or s32 over K past
+    2^16); int8 x int8 with channel or tensor scales keeps one set of s32 sums over the whole of K."""
+    integer = layer.scheme.activation.dtype.name == "int8"
+    return (not integer or promoted_weight_group_k(layer) is not None
+            or standard_a8.activation_group_k(layer) is not None or not exact_k(layer))
 
 
 def panels_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
@@ -308,6 +349,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
     shared_weights = t.b_operand == "shared"
     reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
+    tokens_m = t.tokens_on == "m"
+    reasons += tokens_m_reasons(layer, t) if tokens_m else []
     a_bulk = t.a_load in PANEL_LOADS
     reasons += panels_reasons(layer, compute, t) if a_bulk else []
     if moe and t.cluster_m * t.cluster_n > 1:
@@ -338,15 +381,23 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     memory: list[Component] = [ATilePanelsBulk(dtype=a.dtype.name, multicast=t.cluster_n > 1) if a_bulk
                                else ATileSw128CpAsync(dtype=a.dtype.name, bytes=1, gather=gather),
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
-                                               cluster_m=t.cluster_m)]
+                                               cluster_m=t.cluster_m,
+                                               block_scales=tokens_m and wgroups and tile_weight_scale(layer))]
     scale_bytes = staged_scale_bytes(layer, t.block_k)
     e8m0_staged = scale_bytes == 1
     if scale_bytes:
         memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
-    overlap = OVERLAP_PROMOTION and overlaps_promotion(layer, t)
-    mma: list[Component] = [(WgmmaSS8 if shared_weights else WgmmaRS8)(
-        weight=standard_a8.weight_operand(layer), activation=a.dtype.name,
-        n=t.block_m // 2 if overlap else t.block_m)]
+    # tokens on M: promoted partial sums of a 128-row tile in two 64-row halves, overlapped as the token halves below;
+    # of a 256-row tile, two 128-row parts one at a time (two sets of 128 would outgrow the registers)
+    overlap = OVERLAP_PROMOTION and (promotes(layer) and t.block_n == BLOCK_N if tokens_m
+                                     else overlaps_promotion(layer, t))
+    if tokens_m:
+        mma_n = t.block_n if not promotes(layer) else BLOCK_N // 2 if overlap else BLOCK_N
+    else:
+        mma_n = t.block_m // 2 if overlap else t.block_m
+    mma: list[Component] = [
+        WgmmaSS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=mma_n, tokens_a=tokens_m)
+        if shared_weights else WgmmaRS8(weight=standard_a8.weight_operand(layer), activation=a.dtype.name, n=mma_n)]
     banded = t.raster == "m_band"
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else
                                  PersistentSchedule(split_k=t.split_k, group_m=BAND_M if banded else 1,
@@ -359,11 +410,16 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # the gated activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators
     # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     staged = staged_store(layer, t) and compute.topk_reduce is None  # (atomic top-k reduction: unstaged adds)
-    epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
-        dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
-        atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
-        row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "", tile_rows=gather,
-        **({"prefetch_rows": True} if staged and gather and ws_compose.PREFETCH_CHUNK_ROWS else {}))))
+    if tokens_m:  # dense whole tiles of token rows (tokens_m_reasons)
+        epilogue.append(StoreOutputRows(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+                                        bias=layer.has_bias, token_scale="" if agroups else a.granularity))
+    else:
+        epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
+            dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
+            atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
+            row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
+            tile_rows=gather,
+            **({"prefetch_rows": True} if staged and gather and ws_compose.PREFETCH_CHUNK_ROWS else {}))))
     n_pad = math.ceil(layer.n / BLOCK_N) * BLOCK_N
     # MoE: the stacked weight tensors rebased to a unit's expert, with their bytes per expert (folded: the exponent
     # deltas and the row factors in out_scale, per expert like the group scales they replace)
@@ -373,9 +429,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + ("_pa" if a_bulk else "") + moe_name_suffix(compute)
               + ("_fold" if fold else "") + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "")
               + (f"_cn{t.cluster_n}" if t.cluster_n > 1 else "")
-              + ("_ss" if shared_weights else ""))
+              + ("_ss" if shared_weights else "") + ("_tm" if tokens_m else ""))
     # _pa: activation codes in the panels layout; _fold: folded group scales; _c2: two-CTA clusters along M (shared
-    # weight stages); _cn2: along N (shared activation stages); _ss: weights read from shared memory
+    # weight stages); _cn2: along N (shared activation stages); _ss: weights read from shared memory; _tm: tokens on
+    # wgmma's M
     name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
@@ -385,7 +442,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
-                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged)
+                                         a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged,
+                                         tokens_m=tokens_m, block_n=t.block_n)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -403,9 +461,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     pk = promote_k(layer, t.block_k)
     threads = PRODUCER_THREADS * (1 + WARPGROUPS)
     constants = constants_table(layer, n_pad, k_pad) + [
-        ("kBlockM", t.block_m, "tokens per tile (wgmma N)"), ("kBlockN", t.block_n, "weight rows per tile"),
+        ("kBlockM", t.block_m, "tokens per tile (wgmma " + ("M, 64 a consumer warpgroup)" if tokens_m else "N)")),
+        ("kBlockN", t.block_n, "weight rows per tile" + (" (wgmma N)" if tokens_m else "")),
         ("kBlockK", t.block_k, ""),
-        ("kNTiles", n_pad // t.block_n, "tiles along N"), ("kKTiles", math.ceil(layer.k / t.block_k), ""),
+        ("kNTiles", -(-n_pad // t.block_n), "tiles along N"), ("kKTiles", math.ceil(layer.k / t.block_k), ""),
         ("kStages", t.stages, "ring depth"), ("kStepsPerStage", t.block_k // 32, "k32 wgmma steps per stage"),
         ("kPromoteK", pk, "k between promotions of partial sums into the accumulators"),
         ("kPromoteSteps", pk // 32, ""),
@@ -413,8 +472,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kProducerThreads", PRODUCER_THREADS, ""), ("kConsumerThreads", 128 * WARPGROUPS, ""),
         ("kProducerRegisters", PRODUCER_REGISTERS, "setmaxnreg budgets"),
         ("kConsumerRegisters", consumer_registers(), ""),
+    ] + ([] if tokens_m else [
         ("kWarpNTiles", 1, "16-row n tiles per consumer warp"),
         ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
+    ]) + [
         ("kBSliceBytes", b_slice_bytes(layer), "one 128-row layout block x 64 k of packed weight"),
     ] + ([("kBPanelBytes", BLOCK_N * 128, "one 128-row x 128-k panel of BLayoutSw128 weights")] if shared_weights
          else []) + [
@@ -429,9 +490,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         constants += [("kWeightGroupK", wg, "k elements per weight scale group"),
                       ("kWeightGroups", math.ceil(k_pad / wg), "weight scale groups along the padded K"),
                       ("kStageWeightGroups", stage_groups(t.block_k, wg), "weight scale groups staged per stage"),
-                      ("kWeightScaleBytes", weight_scale_bytes(layer), "staged bytes of one group: "
-                       + ("the tile's one scale, padded to a bulk copy" if tile_weight_scale(layer)
-                          else "the tile's rows")),
+                      ("kWeightScaleBytes", weight_scale_bytes(layer, t.block_n), "staged bytes of one group: "
+                       + ("each 128-row layout block's one scale, padded to a bulk copy" if tokens_m and
+                          tile_weight_scale(layer) else "the tile's one scale, padded to a bulk copy"
+                          if tile_weight_scale(layer) else "the tile's rows")),
                       ("kWeightScaleOffset", scales_offset, "a stage's weight group scales, after its weights")]
     if fold:
         constants += [("kExponentOffset", smem.a + smem.b, "a stage's exponent deltas, after its weights"),
@@ -453,7 +515,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
     constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
-    launch = PersistentLaunch(n_tiles=n_pad // t.block_n, block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
+    launch = PersistentLaunch(n_tiles=-(-n_pad // t.block_n), block_m=t.block_m, block_n=t.block_n, split_k=t.split_k,
                               slots=target.sm_count, experts=layer.num_experts if moe else 1,
                               moe_gemm=compute.gemm if moe else "", cluster_m=t.cluster_m, cluster_n=t.cluster_n)
     return KernelPlan(layer=layer, compute=compute, tuning=t, target=target, pipeline="warp_specialized",

@@ -260,13 +260,40 @@ def activation_multicast(tuning: TuningConfig) -> TuningConfig:
     return attrs.evolve(tuning, cluster_n=2, a_load="tma_multicast", split_k=1)
 
 
-def shared_weight_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
+# Weight rows of a tokens-on-M tile: wgmma m64n256 (or two n128 parts where partial sums are promoted) reads
+# 64 + 256 bytes of shared memory per k for 64 x 256 products, the 128-row tile's m64n64 halves 64 + 64 per 64 x 64;
+# 128-row tiles where 256 would leave SMs idle (as tuning_for_a8's fill rule).
+TOKENS_M_BLOCK_N = 256
+
+
+def shared_weight_tunings(layer: LayerConfig, target: Target, tokens_m_from: int | None = None,
+                          tokens_m_block_n: int | None = None) -> TuningPlan:
     """The heuristics' plan for a dense 8-bit-weight x 8-bit-activation layer (warp-specialized at every M on
     sm_90a) with the weights read from shared memory (b_operand='shared', WgmmaSS8): every bucket, since a layer keeps
-    one packed copy (BLayoutSw128); the stages stay, the weight stage is the same bytes. Opt-in: measured on the H200
-    (bench/ss_bench.py) faster than register weights at M <= 16, slower from M = 1024 on."""
-    return TuningPlan(tuple((m_max, attrs.evolve(tuning_for_a8(layer, target, m_max), b_operand="shared"))
-                            for m_max in A8_BUCKETS))
+    one packed copy (BLayoutSw128); the stages stay, the weight stage is the same bytes. Buckets from
+    `tokens_m_from` rows on (and the open-ended one) put the tokens on wgmma's M (tokens_m_tuning; `tokens_m_block_n`
+    weight rows a tile, or its choice). Opt-in: measured on the H200 (bench/ss_bench.py) faster than register
+    weights at M <= 16, slower from M = 1024 on."""
+    buckets = []
+    for m_max in A8_BUCKETS:
+        tuning = attrs.evolve(tuning_for_a8(layer, target, m_max), b_operand="shared")
+        if tokens_m_from is not None and (m_max is None or m_max >= tokens_m_from):
+            tuning = tokens_m_tuning(layer, target, tuning, m_max, tokens_m_block_n)
+        buckets.append((m_max, tuning))
+    return TuningPlan(tuple(buckets))
+
+
+def tokens_m_tuning(layer: LayerConfig, target: Target, tuning: TuningConfig, m_max: int | None,
+                    block_n: int | None = None) -> TuningConfig:
+    """`tuning` (b_operand='shared') of the bucket up to `m_max` rows with the tokens on wgmma's M (tokens_on='m'):
+    128-token tiles, 64 a consumer warpgroup, `block_n` weight rows (one or two layout blocks; by default
+    TOKENS_M_BLOCK_N where the bucket's tiles fill three quarters of the SMs, else one block), 128-k stages, whole
+    along K, and as many stages as then fit."""
+    if block_n is None:
+        fills = m_max is None or math.ceil(layer.n / TOKENS_M_BLOCK_N) * math.ceil(m_max / 128) >= 0.75 * target.sm_count
+        block_n = TOKENS_M_BLOCK_N if fills else compose_a8.BLOCK_N
+    return restaged(layer, target, tuning, tokens_on="m", block_m=128, block_n=block_n, block_k=A8_BLOCK_K,
+                    split_k=1, raster="m_band" if _banded(layer, 128, tuning.a_load) else "n_major")
 
 
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
@@ -287,7 +314,34 @@ def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved
     return deepest(layer, target, fields, reserved)
 
 
-def choose_tunings(layer: LayerConfig, target: Target) -> TuningPlan:
+def shared_weights_default(layer: LayerConfig) -> bool:
+    """Dense 8-bit weights x 8-bit activations with channel / tensor weight scales or blocks of at least 128 rows
+    read the weights from shared memory (shared_weight_tunings), and the block-scaled ones put the tokens on wgmma's
+    M from the TOKENS_M_FROM bucket on. H200, N = K = 8192, graph us with the quantization (bench/ss_bench.py, both
+    orders, 2026-12-03), register weights -> shared (-> tokens on M):
+
+    | M | 1 | 16 | 64 | 128 | 256 | 512 | 1024 | 2048 | 4096 | 8192 |
+    |---|---|---|---|---|---|---|---|---|---|---|
+    | fp8 channel | 22.4 -> 22.2 | 24.8 -> 23.4 | 26.4 -> 25.7 | 33.0 -> 32.4 | 42.5 -> 41.3 | 71.4 -> 69.3 | 133.0 -> 128.8 | 267.7 -> 262.8 | 546.9 -> 502.1 | 1077.6 -> 1022.6 |
+    | int8 channel | 22.6 -> 22.3 | 23.3 -> 23.2 | 24.7 -> 24.4 | 30.5 -> 29.4 | 40.0 -> 37.1 | 66.0 -> 60.3 | 120.2 -> 125.3 | 234.1 -> 231.7 | 450.2 -> 446.1 | 883.4 -> 875.7 |
+    | fp8 block128 | 22.8 -> 22.7 | 24.9 -> 25.2 | 28.1 -> 28.5 | 33.9 -> 38.9 | 50.6 -> 48.3 | 95.7 -> 75.6 | 182.6 -> 145.2 | 368.4 -> 288.5 | 775.2 -> 585.5 | 1558.1 -> 1272.3 |
+
+    Weights of at most 4 bits widen in registers, and per-row group scales (MXFP8) were not measured: registers."""
+    from humming_gen.pipelines.standard.compose_a8 import nibble_order
+
+    return (layer.scheme.activation is not None and layer.num_experts == 1 and nibble_order(layer) is None
+            and (compose_a8.promoted_weight_group_k(layer) is None or compose_a8.tile_weight_scale(layer)))
+
+
+TOKENS_M_FROM = 256  # the smallest bucket bound of block-scaled shared-weight layers' tokens-on-M tiles
+
+
+def choose_tunings(layer: LayerConfig, target: Target, register_weights: bool = False) -> TuningPlan:
+    """`register_weights`: the plan of register weights (BLayout8) even where shared_weights_default (a layer that
+    also runs the standard pipeline's kernels on the same packed copy: quantize_in_gemm)."""
     if layer.scheme.activation is not None:
+        if not register_weights and shared_weights_default(layer):
+            blocks = compose_a8.promoted_weight_group_k(layer) is not None
+            return shared_weight_tunings(layer, target, tokens_m_from=TOKENS_M_FROM if blocks else None)
         return TuningPlan(tuple((m_max, tuning_for_a8(layer, target, m_max)) for m_max in A8_BUCKETS))
     return TuningPlan(tuple((m_max, tuning_for(layer, target, m_max)) for m_max in BUCKETS))
