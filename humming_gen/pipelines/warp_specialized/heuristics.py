@@ -272,8 +272,7 @@ def shared_weight_tunings(layer: LayerConfig, target: Target, tokens_m_from: int
     sm_90a) with the weights read from shared memory (b_operand='shared', WgmmaSS8): every bucket, since a layer keeps
     one packed copy (BLayoutSw128); the stages stay, the weight stage is the same bytes. Buckets from
     `tokens_m_from` rows on (and the open-ended one) put the tokens on wgmma's M (tokens_m_tuning; `tokens_m_block_n`
-    weight rows a tile, or its choice). Opt-in: measured on the H200 (bench/ss_bench.py) faster than register
-    weights at M <= 16, slower from M = 1024 on."""
+    weight rows a tile, or its choice). The default plan where shared_weights_default says so (numbers there)."""
     buckets = []
     for m_max in A8_BUCKETS:
         tuning = attrs.evolve(tuning_for_a8(layer, target, m_max), b_operand="shared")
@@ -326,7 +325,8 @@ def shared_weights_default(layer: LayerConfig) -> bool:
     | int8 channel | 22.6 -> 22.3 | 23.3 -> 23.2 | 24.7 -> 24.4 | 30.5 -> 29.4 | 40.0 -> 37.1 | 66.0 -> 60.3 | 120.2 -> 125.3 | 234.1 -> 231.7 | 450.2 -> 446.1 | 883.4 -> 875.7 |
     | fp8 block128 | 22.8 -> 22.7 | 24.9 -> 25.2 | 28.1 -> 28.5 | 33.9 -> 38.9 | 50.6 -> 48.3 | 95.7 -> 75.6 | 182.6 -> 145.2 | 368.4 -> 288.5 | 775.2 -> 585.5 | 1558.1 -> 1272.3 |
 
-    Weights of at most 4 bits widen in registers, and per-row group scales (MXFP8) were not measured: registers."""
+    (shared-weight tiles under 128 tokens then measured faster with one set of partial sums, now the default:
+    compose_a8.SHARED_OVERLAP_FROM_BLOCK_M; block128 at M = 128 31.7, fp8 channel 29.9). Weights of at most 4 bits widen in registers, and per-row group scales (MXFP8) were not measured: registers."""
     from humming_gen.pipelines.standard.compose_a8 import nibble_order
 
     return (layer.scheme.activation is not None and layer.num_experts == 1 and nibble_order(layer) is None
