@@ -176,3 +176,17 @@ def test_tokens_on_m_needs_shared_weights() -> None:
         TuningConfig(pipeline="warp_specialized", mma="wgmma", tokens_on="m")
     with pytest.raises(ValueError, match="tokens_on"):
         TuningConfig(tokens_on="k")
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-block128", "w8a8-fp8-channel"])
+def test_tokens_on_m_one_set_of_128_rows(scheme: str, monkeypatch) -> None:
+    """compose_a8.TOKENS_M_OVERLAP=False: a 128-row tokens-on-M tile promotes one m64n128 set (no halves)."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "TOKENS_M_OVERLAP", False)
+    layer = _layer(scheme, has_bias=True)
+    tgt = get_target("sm_90a")
+    plan = compose(layer, ComputeConfig(), shared_weight_tunings(layer, tgt, 256, 128).for_m(4096), tgt)
+    kernel = build(plan)
+    assert_no_spills(kernel, plan.kernel_name)
+    assert "wgmma_m64n128k32(part, token_descriptor" in kernel.source and "part[2]" not in kernel.source

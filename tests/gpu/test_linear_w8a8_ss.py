@@ -65,11 +65,15 @@ TOKENS_M_SCHEMES = ("w8a8-int8-channel", "w8a8-fp8-channel", "w8a8-fp8-block128"
                     reason="wgmma with shared-memory weights: sm_90a")
 @pytest.mark.parametrize("scheme", TOKENS_M_SCHEMES)
 @pytest.mark.parametrize("n,k", [(4000, 3072), (576, 7168), (1000, 1024)])
-@pytest.mark.parametrize("block_n", [128, 256])
-def test_w8a8_tokens_on_m(scheme: str, n: int, k: int, block_n: int) -> None:
+@pytest.mark.parametrize("block_n,halves", [(128, True), (128, False), (256, False)],
+                         ids=["n128-halves", "n128-one-set", "n256"])
+def test_w8a8_tokens_on_m(scheme: str, n: int, k: int, block_n: int, halves: bool, monkeypatch) -> None:
     """Tiles of 128 tokens as wgmma's A operand: rows past M (every M below is a partial tile but 4096), N not a
     multiple of the tile (576 = 2 x 256 + 64 rows, the last 256-row tile with one layout block), bias and both
-    16-bit dtypes."""
+    16-bit dtypes; 128-row tiles promoted in overlapped halves or one set (compose_a8.TOKENS_M_OVERLAP)."""
+    from humming_gen.pipelines.warp_specialized import compose_a8
+
+    monkeypatch.setattr(compose_a8, "TOKENS_M_OVERLAP", halves)
     torch.manual_seed(n + k + 2)
     qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
     for dtype in (torch.bfloat16, torch.float16):

@@ -80,6 +80,10 @@ PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # fp8 block128 M = 16 / 64 / 128 25.0 / 28.3 / 38.5 -> 24.5 / 27.8 / 31.7 (register weights 24.8 / 28.0 / 33.5),
 # fp8 channel 23.2 / 25.5 / 31.9 -> 22.9 / 24.3 / 29.9 (24.5 / 26.1 / 32.6).
 SHARED_OVERLAP_FROM_BLOCK_M = 128
+# Tokens-on-M tiles of 128 weight rows promote in two overlapped 64-row halves (m64n64 wgmmas, each re-reading the
+# 64 tokens); False: one m64n128 set, promoted while the other warpgroup's wgmmas run (for measurements:
+# bench/ss_bench.py --tokens-m-one-set)
+TOKENS_M_OVERLAP = True
 # Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
 # consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle;
 # with it, only a stage's last half is promoted with nothing in flight), where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
@@ -389,7 +393,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         memory.append(ActivationScalesStage(gather=gather, e8m0=e8m0_staged))
     # tokens on M: promoted partial sums of a 128-row tile in two 64-row halves, overlapped as the token halves below;
     # of a 256-row tile, two 128-row parts one at a time (two sets of 128 would outgrow the registers)
-    overlap = OVERLAP_PROMOTION and (promotes(layer) and t.block_n == BLOCK_N if tokens_m
+    overlap = OVERLAP_PROMOTION and (TOKENS_M_OVERLAP and promotes(layer) and t.block_n == BLOCK_N if tokens_m
                                      else overlaps_promotion(layer, t))
     if tokens_m:
         mma_n = t.block_n if not promotes(layer) else BLOCK_N // 2 if overlap else BLOCK_N
