@@ -4,7 +4,7 @@ shared memory where heuristics.shared_weights_default says so, the tokens on wgm
 scales), the same layer with register weights ("registers": the BLayout8 kernels, warp-specialized at every M on
 sm_90a), shared weights with the tokens on N at every M ("shared"), and optional variants: tokens on M from
 --tokens-m-from with --tokens-m-block-n weight rows, and shared-weight tiles under 128 tokens with one set of partial
-sums (--small-one-set), 128-row tokens-on-M tiles with one set (--tokens-m-one-set). Usage: python bench/ss_bench.py [formats] [M list] [options]"""
+sums (--small-one-set), 128-row tokens-on-M tiles in overlapped halves (--tokens-m-halves). Usage: python bench/ss_bench.py [formats] [M list] [options]"""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ parser.add_argument("--tokens-m-from", type=int, default=256,
 parser.add_argument("--tokens-m-block-n", default="",
                     help="weight rows of tokens-on-M variants, one plan each: comma-separated numbers or 'auto' "
                          "(the heuristics' choice); none by default")
-parser.add_argument("--tokens-m-one-set", action="store_true",
-                    help="also the default with 128-row tokens-on-M tiles keeping one set of partial sums")
+parser.add_argument("--tokens-m-halves", action="store_true",
+                    help="also the default with 128-row tokens-on-M tiles promoted in two overlapped halves")
 parser.add_argument("--small-one-set", action="store_true",
                     help="also the default with shared-weight tiles under 128 tokens keeping one set of partial sums")
 args = parser.parse_args()
@@ -57,10 +57,10 @@ for name in FORMATS:
             saved, compose_a8.SHARED_OVERLAP_FROM_BLOCK_M = compose_a8.SHARED_OVERLAP_FROM_BLOCK_M, 128
             layers["default, small one set"] = [hg.QuantLinear.from_quantized(q) for q in qws]
             compose_a8.SHARED_OVERLAP_FROM_BLOCK_M = saved
-        if args.tokens_m_one_set:
-            compose_a8.TOKENS_M_OVERLAP = False
-            layers["default, tokens-on-M 128 one set"] = [hg.QuantLinear.from_quantized(q) for q in qws]
+        if args.tokens_m_halves:
             compose_a8.TOKENS_M_OVERLAP = True
+            layers["default, tokens-on-M 128 halves"] = [hg.QuantLinear.from_quantized(q) for q in qws]
+            compose_a8.TOKENS_M_OVERLAP = False
     rows = {plan: [] for plan in layers}
     for m in MS:
         x = torch.randn(m, k, device="cuda").bfloat16()

@@ -129,8 +129,8 @@ TOKENS_M_SCHEMES = ("w8a8-fp8-channel", "w8a8-int8-channel", "w8a8-fp8-block128"
 @pytest.mark.parametrize("block_n", [128, 256])
 def test_tokens_on_m_compiles_without_spills(scheme: str, block_n: int) -> None:
     """tokens_on='m': the tokens wgmma's A operand (64 a consumer warpgroup), the weight panel B; the store writes
-    token rows. fp8 and group scales promote 128-row tiles in two overlapped 64-row halves and 256-row tiles in two
-    128-row parts one after the other; int8 with channel scales keeps one set of s32 sums over the tile."""
+    token rows. fp8 and group scales promote 128-row tiles in one m64n128 set and 256-row tiles in two 128-row parts
+    one after the other; int8 with channel scales keeps one set of s32 sums over the tile."""
     layer = _layer(scheme, has_bias=True)
     tgt = get_target("sm_90a")
     t = shared_weight_tunings(layer, tgt, tokens_m_from=256, tokens_m_block_n=block_n).for_m(4096)
@@ -143,7 +143,7 @@ def test_tokens_on_m_compiles_without_spills(scheme: str, block_n: int) -> None:
     src = kernel.source
     assert "token_descriptor(a_stage, step)" in src and "store_output(acc, p, tc.n0, tc.m0 + row)" in src
     integer_channel = scheme == "w8a8-int8-channel"
-    mma_n = block_n if integer_channel else block_n // 2
+    mma_n = block_n if integer_channel else 128
     assert f"wgmma_m64n{mma_n}k32(part" in src and src.count("wgmma_m64n") == src.count(f"wgmma_m64n{mma_n}k32")
     assert ("row_scales(" in src) == (scheme == "w8a8-fp8-block128")
     a = "s8" if integer_channel else "e4m3"
@@ -179,14 +179,18 @@ def test_tokens_on_m_needs_shared_weights() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["w8a8-fp8-block128", "w8a8-fp8-channel"])
-def test_tokens_on_m_one_set_of_128_rows(scheme: str, monkeypatch) -> None:
-    """compose_a8.TOKENS_M_OVERLAP=False: a 128-row tokens-on-M tile promotes one m64n128 set (no halves)."""
+def test_tokens_on_m_halves_of_128_rows(scheme: str, monkeypatch) -> None:
+    """compose_a8.TOKENS_M_OVERLAP=True: a 128-row tokens-on-M tile promotes two overlapped 64-row halves (m64n64
+    wgmmas), where the default promotes one m64n128 set."""
     from humming_gen.pipelines.warp_specialized import compose_a8
 
-    monkeypatch.setattr(compose_a8, "TOKENS_M_OVERLAP", False)
     layer = _layer(scheme, has_bias=True)
     tgt = get_target("sm_90a")
-    plan = compose(layer, ComputeConfig(), shared_weight_tunings(layer, tgt, 256, 128).for_m(4096), tgt)
+    tuning = shared_weight_tunings(layer, tgt, 256, 128).for_m(4096)
+    default = build(compose(layer, ComputeConfig(), tuning, tgt)).source
+    assert "wgmma_m64n128k32(part, token_descriptor" in default and "part[2]" not in default
+    monkeypatch.setattr(compose_a8, "TOKENS_M_OVERLAP", True)
+    plan = compose(layer, ComputeConfig(), tuning, tgt)
     kernel = build(plan)
     assert_no_spills(kernel, plan.kernel_name)
-    assert "wgmma_m64n128k32(part, token_descriptor" in kernel.source and "part[2]" not in kernel.source
+    assert "wgmma_m64n64k32(part[" in kernel.source and "wgmma_m64n128k32" not in kernel.source

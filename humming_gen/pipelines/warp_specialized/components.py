@@ -343,6 +343,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.mma_n}k32"}
         needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
+        needs |= {"kLayoutBlocks"} if self.tokens_m else set()  # a stage's weight panel spans block_n / 128 blocks
         needs |= {"a_stage_bytes"} if self.a_bulk else set()
         if self.nibbles:
             needs |= {"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"}

@@ -80,10 +80,12 @@ PROMOTE_K_FP8 = 128  # k between promotions of fp8 partial sums at the most
 # fp8 block128 M = 16 / 64 / 128 25.0 / 28.3 / 38.5 -> 24.5 / 27.8 / 31.7 (register weights 24.8 / 28.0 / 33.5),
 # fp8 channel 23.2 / 25.5 / 31.9 -> 22.9 / 24.3 / 29.9 (24.5 / 26.1 / 32.6).
 SHARED_OVERLAP_FROM_BLOCK_M = 128
-# Tokens-on-M tiles of 128 weight rows promote in two overlapped 64-row halves (m64n64 wgmmas, each re-reading the
-# 64 tokens); False: one m64n128 set, promoted while the other warpgroup's wgmmas run (for measurements:
-# bench/ss_bench.py --tokens-m-one-set)
-TOKENS_M_OVERLAP = True
+# Tokens-on-M tiles of 128 weight rows promote one m64n128 set of partial sums per consumer warpgroup; True: two
+# overlapped 64-row halves (m64n64 wgmmas, each re-reading the warpgroup's 64 tokens), one promoted while the other's
+# wgmmas run. H200, fp8 block128 8192 x 8192 at M = 256 (the one bucket that takes these tiles there), graph us with
+# the quantization (bench/ss_bench.py, 2026-12-03): halves 47.6, one set 42.8 (register weights 49.7, swapped shared
+# weights 52.2; Humming 44.5 in another run of the day). Both GPU-tested (tests/gpu/test_linear_w8a8_ss.py).
+TOKENS_M_OVERLAP = False
 # Promoted partial sums in two token halves of their own wgmmas, one half promoted while the other's run (the two
 # consumer warpgroups read the same stages in step, so without it both promote at once and the tensor cores idle;
 # with it, only a stage's last half is promoted with nothing in flight), where overlaps_promotion says so. False renders the single-set loop everywhere (for measurements:
