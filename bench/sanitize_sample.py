@@ -3,7 +3,8 @@ points, bias, odd shapes, group sizes that are not multiples of 16, and the warp
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
 persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
-stages, group-32 activation scales, tokens on wgmma's M, and W4A4 on the s4 kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
+stages, group-32 activation scales, tokens on wgmma's M, weights widened into shared memory, and W4A4 on the s4
+kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
 also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import argparse
@@ -14,7 +15,8 @@ import torch
 import humming_gen as hg
 from humming_gen.heuristics import choose_tunings
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized.heuristics import activation_multicast, weight_multicast
+from humming_gen.pipelines.warp_specialized.heuristics import (activation_multicast, weight_multicast,
+                                                               widened_weight_tunings)
 from humming_gen.reference import reference_gemm
 
 CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200)),
@@ -96,6 +98,20 @@ for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 10
     ref = reference_gemm(x.double(), qw)
     worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
     pipelines.add(f"{layer.kernel_for(300).plan.pipeline} cluster {layer.kernel_for(300).plan.launch.cluster}")
+# weights of at most 4 bits widened into shared memory by the producer warpgroup's warps 1-3 (b_operand='widened'):
+# folded MXFP4 with split-K at M = 5 and rings refilled across units at M = 700, the tokens on wgmma's M, int4 x int8
+if not CLUSTERS_ONLY:
+    for name, n, k, tokens_m_from in (("w4a8-mxfp4-fp8", 1024, 2048, None), ("w4a8-mxfp4-fp8", 576, 2048, 1),
+                                      ("w4a8-int4-channel-int8", 4096, 1024, None)):
+        qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
+        base = hg.QuantLinear.from_quantized(qw)
+        plan = widened_weight_tunings(base.layer_config, base.target, tokens_m_from=tokens_m_from)
+        layer = hg.QuantLinear.from_quantized(qw, tunings=plan)
+        for m in (5, 700):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = reference_gemm(x.double(), qw)
+            worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
+            pipelines.add(f"{layer.kernel_for(m).plan.pipeline} {layer.kernel_for(m).plan.tuning.b_operand}")
 # W4A4 int4 x int4 on the s4 kernels (strict=True: where ptxas emulates the s4 mma the default runs int8 activations):
 # split-K at M = 1, a partial last k tile of packed bytes (K = 2816: 1408 bytes), group-64 activations
 for act in (hg.ActivationScheme("int4"), hg.ActivationScheme("int4", granularity="group", group_size=64)):

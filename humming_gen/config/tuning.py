@@ -36,8 +36,10 @@ PANEL_LOADS = ("tma", "tma_multicast")
 TMA_PIPELINES = ("warp_specialized", "umma")  # TMA completes on an mbarrier a producer warp waits for
 # Where the MMA reads the weights from: "registers" (mma.sync, and wgmma's register A operand: each warp loads its
 # fragments), or "shared" (wgmma's shared-memory A operand through a descriptor: the 8-bit warp-specialized kernels
-# of pipelines.warp_specialized.compose_a8, whose weights are packed in wgmma's canonical layout, BLayoutSw128)
-B_OPERANDS = ("registers", "shared")
+# of pipelines.warp_specialized.compose_a8, whose weights are packed in wgmma's canonical layout, BLayoutSw128), or
+# "widened" (weights of at most 4 bits, packed as for registers, widened to 8-bit codes by the producer warpgroup's
+# other warps into a BLayoutSw128 panel of each stage, which wgmma then reads as with "shared")
+B_OPERANDS = ("registers", "shared", "widened")
 # Which wgmma dimension the tokens take: "n" (swap-AB: weights on M, 64 rows a warpgroup, tokens on N, 8..256 of
 # them, so small M pads nothing), or "m" (tokens the shared-memory A operand, 64 a warpgroup, and the weights on N:
 # the 8-bit shared-weight kernels at large M, whose per-token scales are then two rows a thread instead of one per
@@ -144,12 +146,13 @@ class TuningConfig(JsonConfig):
             reasons.append("b_load='tma_multicast' needs cluster_m > 1 (the CTAs sharing a B tile)")
         if self.scale_load == "tma_multicast" and self.cluster_m * self.cluster_n == 1:
             reasons.append("scale_load='tma_multicast' needs a cluster of more than one CTA")
-        if self.b_operand == "shared" and self.mma != "wgmma":
-            reasons.append(f"b_operand='shared' (weights read by the MMA from shared memory) needs mma='wgmma', got "
-                           f"mma={self.mma!r}")
-        if self.tokens_on == "m" and self.b_operand != "shared":
-            reasons.append(f"tokens_on='m' (tokens as wgmma's shared-memory A operand) needs b_operand='shared' (the "
-                           f"weights then the B operand, also from shared memory), got b_operand={self.b_operand!r}")
+        if self.b_operand != "registers" and self.mma != "wgmma":
+            reasons.append(f"b_operand={self.b_operand!r} (weights read by the MMA from shared memory) needs "
+                           f"mma='wgmma', got mma={self.mma!r}")
+        if self.tokens_on == "m" and self.b_operand == "registers":
+            reasons.append(f"tokens_on='m' (tokens as wgmma's shared-memory A operand) needs b_operand='shared' or "
+                           f"'widened' (the weights then the B operand, also from shared memory), got "
+                           f"b_operand={self.b_operand!r}")
         if self.stream_k and self.split_k > 1:
             reasons.append(f"stream_k=True and split_k={self.split_k} are mutually exclusive")
         return reasons

@@ -132,6 +132,25 @@ class WeightStageBulk(Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "cluster": self.cluster_m > 1}
 
 
+@attrs.frozen
+class WeightWiden(Component):
+    """A stage's nibbles widened to 8-bit codes in a BLayoutSw128 panel of the stage (b_operand='widened'): the
+    producer warpgroup's warps 1-3 widen while its warp 0 copies, so the consumers' wgmmas read both operands from
+    shared memory and nothing between them is widened on the consumers' issue slots."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/weight_widen.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
+    provides: ClassVar[frozenset[str]] = frozenset({"kWidenTiles", "widen_tile"})
+    weight: str
+    order: str  # the nibbles' widening (BLayoutNibble8.order): "int8" or "e4m3"
+    fold: bool = option_field()  # folded group scales: each row's exponent delta of the step added (exponent_fold)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"})
+
+
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
@@ -183,7 +202,7 @@ class RingSkeleton:
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         """(a_bulk, the activation tile by one bulk copy, and a_tma, by TMA through a tensor map, are False unless the
         skeleton sets them.)"""
-        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "moe": self.moe,
+        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "widened": False, "moe": self.moe,
                 "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
@@ -301,6 +320,9 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     # overlapped halves are halves of the weight rows
     tokens_m: bool = option_field()
     block_n: int = option_field(128)
+    # the weights come as nibbles and the producer warpgroup's warps 1-3 widen each stage into a BLayoutSw128 panel
+    # (WeightWiden), arriving on the stage's widened barrier; the consumers read it as shared_weights (which is set)
+    widened: bool = option_field()
 
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -336,13 +358,14 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
         staged = {"stage_group_slot"} if self.weight_groups or self.staged_activation_scales else set()
-        return frozenset(self.ring_provides() | staged)
+        return frozenset(self.ring_provides() | staged | ({"widen"} if self.widened else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.mma_n}k32"}
         needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
+        needs |= {"widen_tile", "kWidenTiles"} if self.widened else set()
         needs |= {"kLayoutBlocks"} if self.tokens_m else set()  # a stage's weight panel spans block_n / 128 blocks
         needs |= {"a_stage_bytes"} if self.a_bulk else set()
         if self.nibbles:
@@ -359,6 +382,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         if self.tokens_m:  # a thread's two token rows: scales s[0], s[1] of each promotion (weight scale folded in)
             factors = " * s[i / 2]" if self.weight_groups or self.activation_groups else ""
+        ring = self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")
         return {"promote_expr": partial + factors, "mma_n": self.mma_n, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
                 "staged_scales": self.weight_groups or self.staged_activation_scales,
@@ -371,6 +395,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
-                **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
+                **ring,
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
+                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float",
+                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 24")}
+                   if self.widened else {})}

@@ -57,7 +57,7 @@ from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_G
                                                             staging_bytes)
 from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATilePanelsBulk,
                                                                ATileSw128CpAsync, WarpSpecializedA8Pipeline,
-                                                               WeightStageBulk)
+                                                               WeightStageBulk, WeightWiden)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutSw128
 from humming_gen.schemes.quantize import PANEL_K
 from humming_gen.targets import Target
@@ -67,6 +67,10 @@ SLICE_K = SHARED_LAYOUT["warp_k"]
 WARPGROUPS = 2  # one per 64-row warp slice of the layout block
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
+# b_operand='widened': warps 1-3 of the producer warpgroup widen nibbles (widen_tile), so the warpgroup's setmaxnreg
+# budget holds their lookups and addresses; the consumers get what is left (consumer_registers)
+WIDEN_THREADS = 96
+WIDEN_REGISTERS = 64
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
@@ -107,15 +111,26 @@ class SmemPlanA8:
     weight_scales: int = 0  # promoted group scales staged with the stage: the tile's weight scales, then
     activation_scales: int = 0  # the tokens' activation scales
     staging: int = 0  # the consumer warps' epilogue staging, after the barriers (compose.staging_bytes)
+    widened: int = 0  # b_operand='widened': the stage's weight panel of 8-bit codes, 1024-aligned after the rest
 
     @property
-    def stage(self) -> int:
+    def panel_offset(self) -> int:
+        """Where a stage's widened weight panel starts (the 128-byte swizzle needs 1024-byte alignment)."""
         used = self.a + self.b + self.exponents + self.weight_scales + self.activation_scales
         return -(-used // SMEM_ALIGN) * SMEM_ALIGN
 
     @property
+    def stage(self) -> int:
+        return self.panel_offset + self.widened  # (the panel is whole 1024-byte rows of 8 swizzle atoms)
+
+    @property
+    def barriers(self) -> int:
+        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup widens."""
+        return 24 if self.widened else 16
+
+    @property
     def total(self) -> int:
-        return self.stages * self.stage + 16 * self.stages + self.staging + SMEM_ALIGN  # + barriers, staging, slack
+        return self.stages * (self.stage + self.barriers) + self.staging + SMEM_ALIGN  # + barriers, staging, slack
 
     def fits(self, target: Target, reserved: int = 0) -> bool:
         """`reserved`: static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
@@ -177,11 +192,17 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
     a_scales = stage_groups(t.block_k, a_group) * t.block_m * scale_bytes if scale_bytes else 0
     return SmemPlanA8(a=t.block_m * t.block_k, b=(t.block_n // BLOCK_N) * (t.block_k // SLICE_K) * b_slice_bytes(layer), stages=t.stages,
                       exponents=exponent_stage_bytes(layer, t.block_k), weight_scales=w_scales,
-                      activation_scales=a_scales, staging=staging_bytes(layer, t))
+                      activation_scales=a_scales, staging=staging_bytes(layer, t),
+                      widened=t.block_n * t.block_k if t.b_operand == "widened" else 0)
 
 
-def consumer_registers() -> int:
-    free = REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGISTERS
+def producer_registers(tuning: TuningConfig) -> int:
+    return WIDEN_REGISTERS if tuning.b_operand == "widened" else PRODUCER_REGISTERS
+
+
+def consumer_registers(tuning: TuningConfig | None = None) -> int:
+    producer = PRODUCER_REGISTERS if tuning is None else producer_registers(tuning)
+    free = REGISTER_FILE - PRODUCER_THREADS * producer
     return min(256, free // (128 * WARPGROUPS) // 8 * 8)
 
 
@@ -202,7 +223,7 @@ def overlaps_promotion(layer: LayerConfig, tuning: TuningConfig) -> bool:
     wgroups = promoted_weight_group_k(layer) is not None
     agroups = standard_a8.activation_group_k(layer) is not None
     half = tuning.block_m // 2
-    if tuning.b_operand == "shared" and tuning.block_m < SHARED_OVERLAP_FROM_BLOCK_M:
+    if tuning.b_operand != "registers" and tuning.block_m < SHARED_OVERLAP_FROM_BLOCK_M:
         return False
     if not (not integer or wgroups or agroups or not exact_k(layer)) or tuning.block_m % 16:
         return False  # nothing promoted in the loop (the skeleton's promote_in_loop), or halves off wgmma's n step
@@ -280,6 +301,32 @@ def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: Tu
     return reasons
 
 
+def widened_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+    """What b_operand='widened' (the producer warpgroup's warps 1-3 widen each stage's nibbles into a BLayoutSw128
+    panel that wgmma reads) needs: weights of at most 4 bits in the register kernels' nibble layout, a dense GEMM
+    without clusters, and a producer whose warp 0 alone copies: activation codes by bulk copy (a_load='tma') with no
+    cp.async-staged activation scales; one 128-row layout block a tile."""
+    t = tuning
+    reasons = []
+    if standard_a8.nibble_order(layer) is None:
+        reasons.append(f"b_operand='widened' with {layer.scheme.weight.name} weights: nibbles (weights of at most 4 "
+                       f"bits) are widened; 8-bit weights are read from shared memory as stored (b_operand='shared')")
+    if compute.gemm in MOE_GEMMS:
+        reasons.append(f"b_operand='widened' with gemm={compute.gemm!r}: dense GEMMs only (MoE kernels read the "
+                       f"weights from registers)")
+    if t.cluster_m * t.cluster_n > 1:
+        reasons.append(f"b_operand='widened' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
+    if t.a_load != "tma":
+        reasons.append(f"b_operand='widened' with a_load={t.a_load!r}: the producer warpgroup's warp 0 alone copies, "
+                       f"so the activation codes come by one bulk copy a stage (a_load='tma')")
+    if staged_scale_bytes(layer, t.block_k):
+        reasons.append("b_operand='widened' with activation group scales: they are staged by all 128 producer threads' "
+                       "cp.asyncs, and warps 1-3 of the producer warpgroup widen instead")
+    if t.block_n != BLOCK_N:
+        reasons.append(f"b_operand='widened' with block_n={t.block_n}: one {BLOCK_N}-row layout block a tile")
+    return reasons
+
+
 def tokens_m_reasons(layer: LayerConfig, tuning: TuningConfig) -> list[str]:
     """What tokens_on='m' (the tokens wgmma's A operand, 64 a consumer warpgroup, the weight panel B) needs beyond
     shared weights: 128-token tiles, no split-K, and scales constant along a token row of the tile within each
@@ -353,8 +400,10 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                + standard_a8.scheme_reasons(layer) + operand_reasons(layer) + tuning_reasons(t)
                + moe_reasons(layer, compute, t))
     reasons += a8_moe_tuning_reasons(t, gather) if moe else []
-    shared_weights = t.b_operand == "shared"
-    reasons += shared_weight_reasons(layer, compute, t) if shared_weights else []
+    widened = t.b_operand == "widened"
+    shared_weights = t.b_operand != "registers"  # the consumers read the weights' panels from shared memory
+    reasons += shared_weight_reasons(layer, compute, t) if t.b_operand == "shared" else []
+    reasons += widened_reasons(layer, compute, t) if widened else []
     tokens_m = t.tokens_on == "m"
     reasons += tokens_m_reasons(layer, t) if tokens_m else []
     a_bulk = t.a_load in PANEL_LOADS
@@ -364,7 +413,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                        f"clusters serve dense layers")
     order = standard_a8.nibble_order(layer)
     layout: BLayout8 | BLayoutNibble8 | BLayoutSw128 = (
-        BLayoutSw128(block_n=BLOCK_N) if shared_weights else BLayout8(**SHARED_LAYOUT) if order is None
+        BLayoutSw128(block_n=BLOCK_N) if t.b_operand == "shared" else BLayout8(**SHARED_LAYOUT) if order is None
         else BLayoutNibble8(**SHARED_LAYOUT, order=order))
     reasons += layout.check() + split_k_reasons(layer, t)
     if reasons:
@@ -389,6 +438,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                WeightStageBulk(group_params=(), exponents=fold, weight_scales=wgroups,
                                                cluster_m=t.cluster_m,
                                                block_scales=tokens_m and wgroups and tile_weight_scale(layer))]
+    if widened:
+        memory.append(WeightWiden(weight=s.weight.name, order=order, fold=fold))
     scale_bytes = staged_scale_bytes(layer, t.block_k)
     e8m0_staged = scale_bytes == 1
     if scale_bytes:
@@ -435,21 +486,22 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     suffix = (f"_ws_q{standard_a8.activation_name(layer)}" + ("_pa" if a_bulk else "") + moe_name_suffix(compute)
               + ("_fold" if fold else "") + (f"_c{t.cluster_m}" if t.cluster_m > 1 else "")
               + (f"_cn{t.cluster_n}" if t.cluster_n > 1 else "")
-              + ("_ss" if shared_weights else "") + ("_tm" if tokens_m else ""))
+              + ("_wd" if widened else "_ss" if shared_weights else "") + ("_tm" if tokens_m else ""))
     # _pa: activation codes in the panels layout; _fold: folded group scales; _c2: two-CTA clusters along M (shared
-    # weight stages); _cn2: along N (shared activation stages); _ss: weights read from shared memory; _tm: tokens on
-    # wgmma's M
+    # weight stages); _cn2: along N (shared activation stages); _ss: weights read from shared memory; _wd: nibbles
+    # widened into shared memory by the producer warpgroup; _tm: tokens on wgmma's M
     name = kernel_name(layer, t, target, suffix=suffix)
     pipeline = WarpSpecializedA8Pipeline(kernel_name=name, weight=s.weight.name, activation=a.dtype.name,
                                          block_m=t.block_m, integer=integer, weight_groups=wgroups,
-                                         activation_groups=agroups, nibbles=order is not None, pdl=pdl,
+                                         activation_groups=agroups, nibbles=order is not None and not widened,
+                                         pdl=pdl,
                                          banded=banded, activation_e8m0=standard_a8.activation_e8m0(layer),
                                          split_k=t.split_k > 1, long_k=integer and not exact_k(layer), fold=fold,
                                          tile_weight_scale=wgroups and tile_weight_scale(layer),
                                          expert_tensors=experts, grouped=grouped, staged_store=staged,
                                          cluster_m=t.cluster_m, cluster_n=t.cluster_n, shared_weights=shared_weights,
                                          a_bulk=a_bulk, overlap=overlap, staged_e8m0=e8m0_staged,
-                                         tokens_m=tokens_m, block_n=t.block_n)
+                                         tokens_m=tokens_m, block_n=t.block_n, widened=widened)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, layer.dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -476,15 +528,18 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kPromoteSteps", pk // 32, ""),
         ("kThreads", threads, "one producer and two consumer warpgroups"),
         ("kProducerThreads", PRODUCER_THREADS, ""), ("kConsumerThreads", 128 * WARPGROUPS, ""),
-        ("kProducerRegisters", PRODUCER_REGISTERS, "setmaxnreg budgets"),
-        ("kConsumerRegisters", consumer_registers(), ""),
+        ("kProducerRegisters", producer_registers(t), "setmaxnreg budgets"
+         + (" (the producer warpgroup's warps 1-3 widen)" if widened else "")),
+        ("kConsumerRegisters", consumer_registers(t), ""),
     ] + ([] if tokens_m else [
         ("kWarpNTiles", 1, "16-row n tiles per consumer warp"),
         ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
     ]) + [
         ("kBSliceBytes", b_slice_bytes(layer), "one 128-row layout block x 64 k of packed weight"),
-    ] + ([("kBPanelBytes", BLOCK_N * 128, "one 128-row x 128-k panel of BLayoutSw128 weights")] if shared_weights
-         else []) + [
+    ] + ([("kBPanelBytes", BLOCK_N * 128, "one 128-row x 128-k panel of BLayoutSw128 weights"),
+          ("kBPanelOffset", smem.panel_offset if widened else smem.a, "a stage's weight panels"
+           + (", widened from its nibbles" if widened else ", after its activation codes"))] if shared_weights
+         else []) + ([("kWidenThreads", WIDEN_THREADS, "warps 1-3 of the producer warpgroup")] if widened else []) + [
         ("kSlicesPerStage", t.block_k // SLICE_K, ""),
         ("kSlicesPerN", k_pad // SLICE_K, "64-k slices per layout block of the packed weight"),
         ("kSmemAlign", SMEM_ALIGN, ""),

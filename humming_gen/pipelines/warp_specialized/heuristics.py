@@ -295,6 +295,32 @@ def tokens_m_tuning(layer: LayerConfig, target: Target, tuning: TuningConfig, m_
                     split_k=1, raster="m_band" if _banded(layer, 128, tuning.a_load) else "n_major")
 
 
+def widened_weight_tunings(layer: LayerConfig, target: Target, widened_from: int = 1,
+                           tokens_m_from: int | None = None) -> TuningPlan:
+    """The plan of a dense layer of weights of at most 4 bits x 8-bit activations whose buckets from `widened_from`
+    rows on (and the open-ended one) read weights widened into shared memory by the producer warpgroup
+    (b_operand='widened', compose_a8.widened_reasons), from `tokens_m_from` rows on with the tokens on wgmma's M (one
+    128-row layout block a tile); the smaller buckets keep register weights. Both read the register kernels' packed
+    nibbles, so a layer keeps one copy. Opt-in (not measured yet): W4A8's register kernels widen on the consumers'
+    issue slots between wgmmas, and the 8-bit shared-weight kernels run at 0.75-0.85x their time at large M
+    (README, Speed). ValueError where the layer's kernels cannot widen (compose_a8.widened_reasons)."""
+    from humming_gen.config import ComputeConfig
+
+    reasons = compose_a8.widened_reasons(layer, ComputeConfig(gemm="dense" if layer.num_experts == 1 else "indexed"),
+                                         attrs.evolve(tuning_for_a8(layer, target, None), b_operand="widened"))
+    if reasons:
+        raise ValueError(f"{layer.summary()}: weights widened into shared memory need: " + "; ".join(reasons))
+    buckets = []
+    for m_max in A8_BUCKETS:
+        tuning = tuning_for_a8(layer, target, m_max)
+        if m_max is None or m_max >= widened_from:
+            tuning = restaged(layer, target, tuning, b_operand="widened")
+            if tokens_m_from is not None and (m_max is None or m_max >= tokens_m_from):
+                tuning = tokens_m_tuning(layer, target, tuning, m_max, compose_a8.BLOCK_N)
+        buckets.append((m_max, tuning))
+    return TuningPlan(tuple(buckets))
+
+
 def moe_tuning_for_a8(layer: LayerConfig, target: Target, block_m: int, reserved: int = 0) -> TuningConfig:
     """The tuning of an indexed MoE GEMM with 8-bit activations and `block_m` tokens per tile: the dense 8-bit
     kernels' 128-row tiles and 128-k stages, except that an 8-token tile takes 256-k stages (the producer gathers

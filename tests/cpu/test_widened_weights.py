@@ -1,0 +1,228 @@
+"""Weights of at most 4 bits widened into shared memory (TuningConfig.b_operand='widened'): the producer
+warpgroup's warps 1-3 widen each stage's nibbles (the register kernels' BLayoutNibble8) into a BLayoutSw128 panel
+of the stage, which the consumers' wgmmas read through descriptors as with 8-bit shared weights.
+
+- NVRTC compilation for sm_90a without spills (swapped tiles of 8 to 192 tokens, tokens on M), the widening
+  warps' code inside their setmaxnreg budget (no spills means ptxas fitted it), no wgmma serialization warning
+  (fatal_warnings).
+- The rendered widen_tile compiled for the host with g++ and run over every 16-row tile and lane of every stage of
+  a packed weight: the panels must be the BLayoutSw128 packing (the layout the shared-weight kernels read, GPU-tested)
+  of the 8-bit codes the scheme's values widen to (e4m3 of the value, times 2^d with folded scales; 16 x code for
+  int8), computed here from the formats' tables.
+- What the plans and sources promise: the packed weight is the register kernels' (one copy serves both), barrier
+  counts, shared memory, refusals naming the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+import humming_gen as hg
+from host_sections import cfg_namespace
+from symbols import declaration_mismatches
+from test_w4a8 import CXX, PRELUDE
+from helpers import assert_no_spills
+from humming_gen.codegen import compose
+from humming_gen.config import ComputeConfig, LayerConfig, TuningConfig
+from humming_gen.formats import dtype
+from humming_gen.heuristics import choose_tunings
+from humming_gen.kernel import build, generate
+from humming_gen.layer.weights import scales_fold
+from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.warp_specialized import compose_a8
+from humming_gen.pipelines.warp_specialized.heuristics import widened_weight_tunings
+from humming_gen.pipelines.weights import prepare_weight
+from humming_gen.schemes.packing import BLayoutSw128, pack_codes_sw128
+from humming_gen.targets import get_target
+
+TARGET = get_target("sm_90a")
+
+
+def _widened(scheme: str, m: int, n: int = 8192, k: int = 8192, fold: bool = False, tokens_m_from=None):
+    layer = LayerConfig(n=n, k=k, scheme=scheme, fold_scales=fold)
+    tuning = widened_weight_tunings(layer, TARGET, tokens_m_from=tokens_m_from).for_m(m)
+    return layer, compose(layer, ComputeConfig(), tuning, TARGET)
+
+
+@pytest.mark.parametrize("scheme,fold,m,tokens_m_from", [
+    ("w4a8-mxfp4-fp8", True, 1, None), ("w4a8-mxfp4-fp8", True, 64, None), ("w4a8-mxfp4-fp8", True, 1024, None),
+    ("w4a8-mxfp4-fp8", True, 4096, None), ("w4a8-mxfp4-fp8", True, 1024, 256), ("w4a8-mxfp4-fp8", False, 1024, None),
+    ("w4a8-int4-channel-int8", False, 4096, None), ("w4a8-int4-channel-int8", False, 1024, 256),
+    ("w4a8-int4-g128-fp8", False, 4096, None)])
+def test_widened_kernels_compile_without_spills(scheme: str, fold: bool, m: int, tokens_m_from) -> None:
+    layer, plan = _widened(scheme, m, fold=fold, tokens_m_from=tokens_m_from)
+    t = plan.tuning
+    assert t.b_operand == "widened" and plan.kernel_name.endswith("_wd_tm" if tokens_m_from else "_wd")
+    assert (t.tokens_on == "m") == (tokens_m_from is not None)
+    kernel = build(plan)
+    assert_no_spills(kernel, plan.kernel_name)
+    src = kernel.source
+    assert "widen_tile(ring.stage_ptr(stage), panel, tile, lane)" in src and "load_fragment(" not in src
+    assert "nibbles_to_a8_folded(v.x" in src if fold else "nibbles_to_a8(v.x" in src
+    assert "wgmma_m64n" in src and "f32.e4m3.e4m3" in src if scheme.endswith("fp8") else ".s32.s8.s8" in src
+
+
+def test_widening_warps_barriers_and_registers() -> None:
+    """Three warps widen, each arriving on the stage's widened barrier, initialised to their 96 threads; the
+    consumers wait for it after the full barrier; the producer warpgroup's register budget is the widening one and
+    the consumers' what the register file has left; a stage's barriers take 24 bytes, so the epilogue staging
+    begins after them."""
+    _, plan = _widened("w4a8-mxfp4-fp8", 1024, fold=True)
+    src = generate(plan)
+    consts = dict(plan.constants_dict()) if hasattr(plan, "constants_dict") else {c[0]: c[1] for c in plan.constants}
+    assert consts["kWidenThreads"] == 96 == plan.threads // 3 - 32
+    assert "mbarrier_init(ring.widened_bars + 8 * s, cfg::kWidenThreads)" in src
+    assert "if (threadIdx.x < 32)\n      produce(p, ring, units);" in src and "widen(p, ring, units);" in src
+    assert src.count("mbarrier_arrive(ring.widened_bars + 8 * stage)") == 1  # every widening thread, once a stage
+    assert src.count("mbarrier_wait(ring.widened_bars + 8 * s, ph)") == 1  # the consumers' wait_stage
+    assert "tile < kWidenTiles; tile += cfg::kWidenThreads / 32" in src
+    assert consts["kProducerRegisters"] == compose_a8.WIDEN_REGISTERS
+    assert 128 * (consts["kProducerRegisters"] + 2 * consts["kConsumerRegisters"]) <= compose_a8.REGISTER_FILE
+    smem = compose_a8.shared_memory(plan.layer, plan.tuning)
+    assert smem.panel_offset % 1024 == 0 and consts["kBPanelOffset"] == smem.panel_offset
+    assert consts["kStageBytes"] == smem.panel_offset + 128 * 128 and smem.barriers == 24
+    assert "cfg::kStages * (cfg::kStageBytes + 24)" in src and "kStageBytes + 16" not in src
+    assert plan.shared_bytes == smem.total <= TARGET.smem_per_block_optin
+
+
+def test_widened_plans_read_the_register_layout() -> None:
+    """A widened bucket reads the register kernels' packed nibbles: one weight copy serves the register buckets
+    below widened_from and the widened ones (and the standard pipeline's, which read the same layout)."""
+    layer = LayerConfig(n=4096, k=4096, scheme="w4a8-mxfp4-fp8", fold_scales=True)
+    plan = widened_weight_tunings(layer, TARGET, widened_from=256)
+    assert plan.for_m(64).b_operand == "registers" and plan.for_m(256).b_operand == "widened"
+    layouts = {compose(layer, ComputeConfig(), t, TARGET).layout for t in plan.tunings()}
+    registers = {compose(layer, ComputeConfig(), t, TARGET).layout for t in choose_tunings(layer, TARGET).tunings()}
+    assert len(layouts) == 1 and layouts == registers
+
+
+def test_declarations_match_the_rendered_source() -> None:
+    for scheme, fold, tm in (("w4a8-mxfp4-fp8", True, None), ("w4a8-int4-channel-int8", False, 256),
+                             ("w4a8-int4-g128-fp8", False, None)):
+        for m in (16, 1024):
+            _, plan = _widened(scheme, m, fold=fold, tokens_m_from=tm)
+            assert not declaration_mismatches(plan), declaration_mismatches(plan)
+
+
+@pytest.mark.parametrize("scheme,change,needle", [
+    ("w8a8-fp8-channel", {}, "nibbles (weights of at most 4 bits) are widened"),
+    ("w4a8-mxfp4-fp8", dict(a_load="cp_async"), "activation codes come by one bulk copy a stage (a_load='tma')"),
+    ("w4a8-mxfp4-fp8", dict(block_n=256, tokens_on="m", block_m=128, split_k=1), "one 128-row layout block a tile"),
+])
+def test_widened_refusals_name_the_reason(scheme: str, change: dict, needle: str) -> None:
+    layer = LayerConfig(n=4096, k=4096, scheme=scheme)
+    base = attrs.evolve(choose_tunings(LayerConfig(n=4096, k=4096, scheme="w4a8-mxfp4-fp8"), TARGET,
+                                       register_weights=True).for_m(1024), b_operand="widened")
+    with pytest.raises(ComposeError, match=re.escape(needle)):
+        compose(layer, ComputeConfig(), attrs.evolve(base, **change), TARGET)
+
+
+def test_widened_needs_wgmma_and_whole_panels() -> None:
+    with pytest.raises(ValueError, match="b_operand='widened'.*needs mma='wgmma'"):
+        TuningConfig(b_operand="widened")
+    TuningConfig(pipeline="warp_specialized", mma="wgmma", b_operand="widened", tokens_on="m")  # allowed
+    with pytest.raises(ValueError, match="a_load='tma'"):  # K = 3000: no panels layout, so no bulk-copied codes
+        widened_weight_tunings(LayerConfig(n=4096, k=3000, scheme="w4a8-int4-channel-int8"), TARGET)
+
+
+# --- the rendered widening, on the host ---------------------------------------------------------------------------
+HOST_MAIN = r"""
+static int run_widen(int argc, char** argv) {
+  const int n_blocks = std::atoi(argv[1]), k_tiles = std::atoi(argv[2]);
+  std::vector<unsigned char> b(static_cast<size_t>(n_blocks) * cfg::kSlicesPerN * cfg::kBSliceBytes);
+  std::fread(b.data(), 1, b.size(), stdin);
+  std::vector<unsigned char> e(static_cast<size_t>(n_blocks) * EXPONENT_BLOCK_BYTES);
+  std::fread(e.data(), 1, e.size(), stdin);
+  std::vector<unsigned char> stage(cfg::kStageBytes);
+  for (int nb = 0; nb < n_blocks; ++nb)
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      std::memset(stage.data(), 0xA5, stage.size());  // poison: every panel byte must be written
+      // load_weight_stage's copies: the block's kSlicesPerStage slices, and its exponent words of the stage
+      std::memcpy(stage.data() + cfg::kAStageBytes,
+                  b.data() + (static_cast<size_t>(nb) * cfg::kSlicesPerN + kt * cfg::kSlicesPerStage) * cfg::kBSliceBytes,
+                  cfg::kSlicesPerStage * cfg::kBSliceBytes);
+      COPY_EXPONENTS
+      for (int tile = 0; tile < kWidenTiles; ++tile)
+        for (int lane = 0; lane < 32; ++lane) widen_tile(stage.data(), stage.data() + cfg::kBPanelOffset, tile, lane);
+      std::fwrite(stage.data() + cfg::kBPanelOffset, 1, cfg::kBlockN * cfg::kBlockK, stdout);
+    }
+  return 0;
+}
+"""
+COPY_EXPONENTS = ("std::memcpy(stage.data() + cfg::kExponentOffset, e.data() + static_cast<size_t>(nb) * "
+                  "cfg::kExponentBlockBytes + static_cast<size_t>(kt) * cfg::kExponentStageBytes, "
+                  "cfg::kExponentStageBytes);")
+
+
+def _section(src: str, header: str) -> str:
+    start = src.index(f"// ---- {header}")
+    return src[start:src.index("// ---- ", start + 8)]
+
+
+def _expected_codes(qw, layer: LayerConfig, b_exponent: torch.Tensor | None, n_pad: int, k_pad: int) -> torch.Tensor:
+    """The 8-bit code each weight code widens to, (n_pad, k_pad) uint8: int8 activations 16 x the signed code; fp8
+    the e4m3 code of the value, times 2^d of the row's k32 step where the group scales fold (d read back from
+    b_exponent's exponent fields); zero codes past N and K."""
+    w = layer.scheme.weight
+    codes = qw.codes.view(torch.uint8).to(torch.int64) & ((1 << w.bits) - 1)
+    if layer.scheme.activation.dtype.name == "int8":
+        signed = torch.where(codes >= 1 << (w.bits - 1), codes - (1 << w.bits), codes)
+        out = (signed * 16) & 0xFF
+    else:
+        values = w.decode(codes).to(torch.float64)
+        if b_exponent is not None:
+            fields = b_exponent.view(torch.uint8).view(n_pad // 128, k_pad // 128, 128, 4).to(torch.int64)
+            d = (fields >> 3) & 0xF
+            d = torch.where(d >= 8, d - 16, d)  # [n block][128-k block][row][step]
+            d = d.permute(0, 2, 1, 3).reshape(n_pad, k_pad // 32)[: qw.n, : -(-qw.k // 32)]
+            values = values * 2.0 ** d.repeat_interleave(32, dim=1)[:, : qw.k].double()
+        out = dtype("float8e4m3").encode(values.float()).to(torch.int64)
+        back = dtype("float8e4m3").decode(out).to(torch.float64)
+        assert torch.equal(back, values), "a widened value is not an e4m3 value"
+    full = torch.zeros(n_pad, k_pad, dtype=torch.uint8)
+    full[: qw.n, : qw.k] = out.to(torch.uint8)
+    return full
+
+
+@pytest.mark.parametrize("scheme,fold", [("w4a8-mxfp4-fp8", True), ("w4a8-mxfp4-fp8", False),
+                                         ("w4a8-int4-channel-int8", False), ("w4a8-int4-g128-fp8", False)])
+def test_rendered_widening_writes_the_sw128_panels(scheme: str, fold: bool, tmp_path) -> None:
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) to run the rendered template")
+    n, k = 250, 640  # two layout blocks (the second part padding), five stages
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(n, k, generator=g) * 0.05
+    if fold:  # group scales that differ by row and group: a delta read for the wrong row or step shows
+        w *= 2.0 ** torch.randint(-4, 5, (n, k // 32), generator=g).repeat_interleave(32, dim=1)
+    qw = hg.scheme(scheme).quantize(w)
+    assert scales_fold(qw) or not fold  # (an unfolded MXFP4 layer widens to the plain values' codes)
+    layer, plan = _widened(scheme, 1024, n=n, k=k, fold=fold)
+    prepared = prepare_weight(plan, qw, "cpu")
+    lay = plan.layout
+    n_blocks, k_tiles = lay.n_pad // 128, lay.k_pad // 128
+    src = generate(plan)
+    cpp = (PRELUDE + "#include <cstdlib>\n#include <cstring>\n#include <vector>\nstruct uint2 { u32 x, y; };\n"
+           + cfg_namespace(src) + "\nnamespace hg {\n" + _section(src, "numeric.") + _section(src, "memory.WeightWiden")
+           + HOST_MAIN.replace("EXPONENT_BLOCK_BYTES", "cfg::kExponentBlockBytes" if fold else "0")
+           .replace("COPY_EXPONENTS", COPY_EXPONENTS if fold else "")
+           + "}  // namespace hg\nint main(int argc, char** argv) { return hg::run_widen(argc, argv); }\n")
+    (tmp_path / "widen.cpp").write_text(cpp)
+    exe = tmp_path / "widen"
+    build_log = subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(tmp_path / "widen.cpp")],
+                               capture_output=True, text=True)
+    assert build_log.returncode == 0, build_log.stderr[-3000:]
+    stdin = prepared.b.contiguous().view(torch.uint8).numpy().tobytes()
+    if fold:
+        stdin += prepared.b_exponent.contiguous().view(torch.uint8).numpy().tobytes()
+    run = subprocess.run([str(exe), str(n_blocks), str(k_tiles)], input=stdin, capture_output=True, check=True)
+    panels = torch.from_numpy(np.frombuffer(run.stdout, dtype=np.uint8).copy()).view(n_blocks, k_tiles, 128 * 128)
+    expected = pack_codes_sw128(_expected_codes(qw, layer, prepared.b_exponent if fold else None, lay.n_pad,
+                                                lay.k_pad), BLayoutSw128(block_n=128))
+    wrong = (panels != expected).nonzero()
+    assert wrong.numel() == 0, f"{len(wrong)} bytes differ, first (n block, k tile, byte) {wrong[:4].tolist()}"
