@@ -16,16 +16,21 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}  # the checkout wins even where the edita
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU: about 4 minutes for the whole suite
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${HG_XDIST:-8}")
-python3 -m pytest tests/gpu -q -p no:cacheprovider $XDIST ${1:+-k "$1"} --junitxml="$OUT/gpu-tests.xml" 2>&1 | tail -n 40 | tee "$OUT/gpu-tests.log"
+# (under `timeout`: a kernel that hangs on a barrier would otherwise take the whole device call; HG_TEST_TIMEOUT s)
+timeout "${HG_TEST_TIMEOUT:-480}" python3 -m pytest tests/gpu -q -p no:cacheprovider $XDIST ${1:+-k "$1"} \
+  --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests-full.log" 2>&1
+echo "pytest rc=$? (124: timed out)" >> "$OUT/gpu-tests-full.log"
+grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-full.log" | head -n 30
+tail -n 12 "$OUT/gpu-tests-full.log" | tee "$OUT/gpu-tests.log"
 if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck synccheck; do
     # NOTE: --report-api-errors no: cuda-bindings probes driver entry points that do not exist (benign host API
     # errors); kernel memory errors and races are still reported.
-    compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_sample.py \
+    timeout "${HG_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_sample.py \
       > "$OUT/sanitize-$tool.log" 2>&1
     echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize sample' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
     # the MoE / 8-bit sample: ragged routing on both pipelines, 8-bit split-K, MXFP8 scales
-    compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_moe.py \
+    timeout "${HG_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 bench/sanitize_moe.py \
       > "$OUT/sanitize-moe-$tool.log" 2>&1
     echo "compute-sanitizer $tool (moe): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize moe' "$OUT/sanitize-moe-$tool.log" | tr '\n' ' ')"
   done
