@@ -98,16 +98,18 @@ for name, n, k in (("w8a8-fp8-channel", 8192, 1000), ("w4a8-mxfp4-fp8", 4096, 10
     ref = reference_gemm(x.double(), qw)
     worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())
     pipelines.add(f"{layer.kernel_for(300).plan.pipeline} cluster {layer.kernel_for(300).plan.launch.cluster}")
-# weights of at most 4 bits widened into shared memory by the producer warpgroup's warps 1-3 (b_operand='widened'):
-# folded MXFP4 with split-K at M = 5 and rings refilled across units at M = 700, the tokens on wgmma's M, int4 x int8
+# weights widened into shared memory by the producer warpgroup's warps 1-3 (b_operand='widened'): folded MXFP4 with
+# split-K at M = 5 and rings refilled across units at M = 700, the tokens on wgmma's M, int4 x int8; 16-bit
+# activations (dequantized panels) from M = 17 (M = 5 runs the standard pipeline), a partial last tile
 if not CLUSTERS_ONLY:
     for name, n, k, tokens_m_from in (("w4a8-mxfp4-fp8", 1024, 2048, None), ("w4a8-mxfp4-fp8", 576, 2048, 1),
-                                      ("w4a8-int4-channel-int8", 4096, 1024, None)):
+                                      ("w4a8-int4-channel-int8", 4096, 1024, None),
+                                      ("w4a16-int4-g128", 1000, 1536, None), ("w4a16-int4-g128-zp", 4096, 1024, None)):
         qw = hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.05)
         base = hg.QuantLinear.from_quantized(qw)
         plan = widened_weight_tunings(base.layer_config, base.target, tokens_m_from=tokens_m_from)
         layer = hg.QuantLinear.from_quantized(qw, tunings=plan)
-        for m in (5, 700):
+        for m in (5, 70, 700):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = reference_gemm(x.double(), qw)
             worst = max(worst, ((layer(x).double() - ref).norm() / ref.norm()).item())

@@ -4,10 +4,7 @@ shared memory where heuristics.shared_weights_default says so, the tokens on wgm
 scales), the same layer with register weights ("registers": the BLayout8 kernels, warp-specialized at every M on
 sm_90a), shared weights with the tokens on N at every M ("shared"), and optional variants: tokens on M from
 --tokens-m-from with --tokens-m-block-n weight rows, and shared-weight tiles under 128 tokens with one set of partial
-sums (--small-one-set), 128-row tokens-on-M tiles in overlapped halves (--tokens-m-halves). Weights of at most 4
-bits (e.g. w4a8-mxfp4-fp8) have no "shared" plan; they get "widened" (the producer warpgroup widens each stage's
-nibbles into shared memory, every bucket: heuristics.widened_weight_tunings) and "widened, tokens on M" (from
---tokens-m-from). Usage: python bench/ss_bench.py [formats] [M list] [options]"""
+sums (--small-one-set), 128-row tokens-on-M tiles in overlapped halves (--tokens-m-halves). Usage: python bench/ss_bench.py [formats] [M list] [options]"""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import graph_time_us
 from humming_gen.heuristics import choose_tunings
 from humming_gen.pipelines.warp_specialized import compose_a8
-from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings, widened_weight_tunings
+from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("formats", nargs="?", default="w8a8-fp8-channel,w8a8-int8-channel,w8a8-fp8-block128",
@@ -50,11 +47,6 @@ for name in FORMATS:
     layers["registers"] = [hg.QuantLinear.from_quantized(q, tunings=choose_tunings(cfg, target, stored=False,
                                                                                    register_weights=True))
                            for q in qws]
-    if base.scheme.weight.bits <= 4:
-        layers["widened"] = [hg.QuantLinear.from_quantized(q, tunings=widened_weight_tunings(cfg, target))
-                             for q in qws]
-        tm = widened_weight_tunings(cfg, target, tokens_m_from=args.tokens_m_from)
-        layers["widened, tokens on M"] = [hg.QuantLinear.from_quantized(q, tunings=tm) for q in qws]
     if base.scheme.weight.bits == 8:
         layers["shared"] = [hg.QuantLinear.from_quantized(q, tunings=shared_weight_tunings(cfg, target)) for q in qws]
         for block_n in filter(None, args.tokens_m_block_n.split(",")):

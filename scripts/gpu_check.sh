@@ -51,8 +51,8 @@ if [ "${HG_A8_BENCH:-1}" = 1 ]; then  # issue 10's tables: 8-bit activations at 
   python3 -m humming_gen.cli bench --formats w8a8-fp8-channel,w4a8-mxfp4-fp8,w8a8-fp8-block128,w8a8-int8-channel \
     --shapes 8192x8192 --m 1,16,64,256,1024,4096,8192 --no-plot --no-humming --out "$OUT/a8" 2>&1 | grep "^|"
   (cd bench && python3 group32_case.py 2>&1 | grep "^|")
-  # W4A8 with the weights widened into shared memory (opt-in b_operand='widened') beside the default register plan
-  python3 bench/ss_bench.py w4a8-mxfp4-fp8,w4a8-int4-channel-int8 1,16,64,256,1024,4096,8192 2>&1 | grep "^|"
+  # weights widened into shared memory by the producer warpgroup (opt-in b_operand='widened') beside the defaults
+  timeout 400 python3 bench/widened_bench.py 2>&1 | grep "^|" | tee "$OUT/widened.log"
 fi
 if [ "${HG_BENCH:-1}" = 1 ]; then
   python3 bench/bench_pipelines.py --out "$OUT" --shapes ${HG_BENCH_ARGS:-} 2>&1 | grep -v "compil" | tee "$OUT/bench.log" | tail -n 120

@@ -5,7 +5,7 @@ of the stage, which the consumers' wgmmas read through descriptors as with 8-bit
 - NVRTC compilation for sm_90a without spills (swapped tiles of 8 to 192 tokens, tokens on M), the widening
   warps' code inside their setmaxnreg budget (no spills means ptxas fitted it), no wgmma serialization warning
   (fatal_warnings).
-- The rendered widen_tile compiled for the host with g++ and run over every 16-row tile and lane of every stage of
+- The rendered widen_unit compiled for the host with g++ and run over every 16-row tile and lane of every stage of
   a packed weight: the panels must be the BLayoutSw128 packing (the layout the shared-weight kernels read, GPU-tested)
   of the 8-bit codes the scheme's values widen to (e4m3 of the value, times 2^d with folded scales; 16 x code for
   int8), computed here from the formats' tables.
@@ -35,6 +35,7 @@ from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build, generate
 from humming_gen.layer.weights import scales_fold
 from humming_gen.pipelines.base import ComposeError
+from humming_gen.pipelines.warp_specialized import compose as ws_compose
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.heuristics import widened_weight_tunings
 from humming_gen.pipelines.weights import prepare_weight
@@ -63,7 +64,7 @@ def test_widened_kernels_compile_without_spills(scheme: str, fold: bool, m: int,
     kernel = build(plan)
     assert_no_spills(kernel, plan.kernel_name)
     src = kernel.source
-    assert "widen_tile(ring.stage_ptr(stage), panel, tile, lane)" in src and "load_fragment(" not in src
+    assert "widen_unit(ring.stage_ptr(stage), panel, u, lane)" in src and "load_fragment(" not in src
     assert "nibbles_to_a8_folded(v.x" in src if fold else "nibbles_to_a8(v.x" in src
     assert "wgmma_m64n" in src and "f32.e4m3.e4m3" in src if scheme.endswith("fp8") else ".s32.s8.s8" in src
 
@@ -81,7 +82,7 @@ def test_widening_warps_barriers_and_registers() -> None:
     assert "if (threadIdx.x < 32)\n      produce(p, ring, units);" in src and "widen(p, ring, units);" in src
     assert src.count("mbarrier_arrive(ring.widened_bars + 8 * stage)") == 1  # every widening thread, once a stage
     assert src.count("mbarrier_wait(ring.widened_bars + 8 * s, ph)") == 1  # the consumers' wait_stage
-    assert "tile < kWidenTiles; tile += cfg::kWidenThreads / 32" in src
+    assert "u < kWidenUnits; u += cfg::kWidenThreads / 32" in src
     assert consts["kProducerRegisters"] == compose_a8.WIDEN_REGISTERS
     assert 128 * (consts["kProducerRegisters"] + 2 * consts["kConsumerRegisters"]) <= compose_a8.REGISTER_FILE
     smem = compose_a8.shared_memory(plan.layer, plan.tuning)
@@ -148,8 +149,8 @@ static int run_widen(int argc, char** argv) {
                   b.data() + (static_cast<size_t>(nb) * cfg::kSlicesPerN + kt * cfg::kSlicesPerStage) * cfg::kBSliceBytes,
                   cfg::kSlicesPerStage * cfg::kBSliceBytes);
       COPY_EXPONENTS
-      for (int tile = 0; tile < kWidenTiles; ++tile)
-        for (int lane = 0; lane < 32; ++lane) widen_tile(stage.data(), stage.data() + cfg::kBPanelOffset, tile, lane);
+      for (int unit = 0; unit < kWidenUnits; ++unit)
+        for (int lane = 0; lane < 32; ++lane) widen_unit(stage.data(), stage.data() + cfg::kBPanelOffset, unit, lane);
       std::fwrite(stage.data() + cfg::kBPanelOffset, 1, cfg::kBlockN * cfg::kBlockK, stdout);
     }
   return 0;
@@ -160,9 +161,27 @@ COPY_EXPONENTS = ("std::memcpy(stage.data() + cfg::kExponentOffset, e.data() + s
                   "cfg::kExponentStageBytes);")
 
 
+def _run_host(tmp_path, name: str, prelude: str, src: str, sections: str, main: str, argv: list, stdin: bytes) -> bytes:
+    """Compile the harness (prelude, the kernel's cfg constants, `sections` and `main` in namespace hg) with g++ and
+    run it on `stdin`; its stdout."""
+    cpp = (prelude + cfg_namespace(src) + "\nnamespace hg {\n" + sections + main
+           + "}  // namespace hg\nint main(int argc, char** argv) { return hg::run_widen(argc, argv); }\n")
+    (tmp_path / f"{name}.cpp").write_text(cpp)
+    exe = tmp_path / name
+    log = subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(tmp_path / f"{name}.cpp")],
+                         capture_output=True, text=True)
+    assert log.returncode == 0, log.stderr[-3000:]
+    return subprocess.run([str(exe)] + [str(a) for a in argv], input=stdin, capture_output=True, check=True).stdout
+
+
 def _section(src: str, header: str) -> str:
     start = src.index(f"// ---- {header}")
     return src[start:src.index("// ---- ", start + 8)]
+
+
+def _sections(src: str, header: str) -> str:
+    """Every section whose header starts with `header`, in order."""
+    return "".join(_section(src[m.start():], header) for m in re.finditer(re.escape(f"// ---- {header}"), src))
 
 
 def _expected_codes(qw, layer: LayerConfig, b_exponent: torch.Tensor | None, n_pad: int, k_pad: int) -> torch.Tensor:
@@ -207,22 +226,155 @@ def test_rendered_widening_writes_the_sw128_panels(scheme: str, fold: bool, tmp_
     lay = plan.layout
     n_blocks, k_tiles = lay.n_pad // 128, lay.k_pad // 128
     src = generate(plan)
-    cpp = (PRELUDE + "#include <cstdlib>\n#include <cstring>\n#include <vector>\nstruct uint2 { u32 x, y; };\n"
-           + cfg_namespace(src) + "\nnamespace hg {\n" + _section(src, "numeric.") + _section(src, "memory.WeightWiden")
-           + HOST_MAIN.replace("EXPONENT_BLOCK_BYTES", "cfg::kExponentBlockBytes" if fold else "0")
-           .replace("COPY_EXPONENTS", COPY_EXPONENTS if fold else "")
-           + "}  // namespace hg\nint main(int argc, char** argv) { return hg::run_widen(argc, argv); }\n")
-    (tmp_path / "widen.cpp").write_text(cpp)
-    exe = tmp_path / "widen"
-    build_log = subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(tmp_path / "widen.cpp")],
-                               capture_output=True, text=True)
-    assert build_log.returncode == 0, build_log.stderr[-3000:]
     stdin = prepared.b.contiguous().view(torch.uint8).numpy().tobytes()
     if fold:
         stdin += prepared.b_exponent.contiguous().view(torch.uint8).numpy().tobytes()
-    run = subprocess.run([str(exe), str(n_blocks), str(k_tiles)], input=stdin, capture_output=True, check=True)
-    panels = torch.from_numpy(np.frombuffer(run.stdout, dtype=np.uint8).copy()).view(n_blocks, k_tiles, 128 * 128)
+    out = _run_host(tmp_path, "widen", PRELUDE + "#include <cstdlib>\n#include <cstring>\n#include <vector>\n"
+                    "struct uint2 { u32 x, y; };\n", src, _section(src, "numeric.") + _section(src, "memory.WeightWiden"),
+                    HOST_MAIN.replace("EXPONENT_BLOCK_BYTES", "cfg::kExponentBlockBytes" if fold else "0")
+                    .replace("COPY_EXPONENTS", COPY_EXPONENTS if fold else ""), [n_blocks, k_tiles], stdin)
+    panels = torch.from_numpy(np.frombuffer(out, dtype=np.uint8).copy()).view(n_blocks, k_tiles, 128 * 128)
     expected = pack_codes_sw128(_expected_codes(qw, layer, prepared.b_exponent if fold else None, lay.n_pad,
                                                 lay.k_pad), BLayoutSw128(block_n=128))
     wrong = (panels != expected).nonzero()
     assert wrong.numel() == 0, f"{len(wrong)} bytes differ, first (n block, k tile, byte) {wrong[:4].tolist()}"
+
+
+# --- 16-bit activations: weights dequantized into 16-bit panels -----------------------------------------------------
+def _widened16(scheme: str, m: int, n: int = 8192, k: int = 8192, **kw):
+    layer = LayerConfig(n=n, k=k, scheme=scheme, **kw)
+    tuning = widened_weight_tunings(layer, TARGET).for_m(m)
+    return layer, compose(layer, ComputeConfig(), tuning, TARGET)
+
+
+@pytest.mark.parametrize("scheme,m", [("w4a16-int4-g128", 64), ("w4a16-int4-g128", 1024),
+                                      ("w4a16-int4-g128", 8192), ("w4a16-int4-g128-zp", 4096), ("w2a16-int2-g64-zp", 1024), ("w4a16-nvfp4", 1024),
+                                      ("w4a16-mxfp4", 4096), ("w8a16-int8-channel", 4096)])
+def test_widened_16bit_kernels_compile_without_spills(scheme: str, m: int) -> None:
+    layer, plan = _widened16(scheme, m, has_bias=True)
+    t = plan.tuning
+    assert (t.b_operand, t.block_k, t.a_load) == ("widened", 64, "tma") and plan.kernel_name.endswith("_ws_wd")
+    kernel = build(plan)
+    assert_no_spills(kernel, plan.kernel_name)
+    src = kernel.source
+    assert "widen_unit(ring.stage_ptr(stage), panel, u, lane)" in src and "dequantize(" not in src
+    assert f"wgmma.mma_async.sync.aligned.m64n{t.block_m}k16.f32.bf16.bf16" in src and ", p, 1, 1, 0, 0;" in src
+    assert not declaration_mismatches(plan), declaration_mismatches(plan)
+
+
+def test_widened_16bit_plan_keeps_small_buckets_and_one_layout() -> None:
+    """Buckets on the standard pipeline (small M) keep their kernels; every kernel reads one packed weight."""
+    layer = LayerConfig(n=4096, k=4096, scheme="w4a16-int4-g128")
+    plan = widened_weight_tunings(layer, TARGET)
+    assert plan.for_m(1).pipeline == "standard" and plan.for_m(4096).b_operand == "widened"
+    layouts = {compose(layer, ComputeConfig(), t, TARGET).layout for t in plan.tunings()}
+    assert len(layouts) == 1
+    smem = ws_compose.shared_memory(layer, plan.for_m(4096))
+    assert smem.panel_offset % 1024 == 0 and smem.barriers == 24 and smem.widened == 256 * 64 * 2
+
+
+def test_widened_16bit_refuses_gathered_rows() -> None:
+    layer = LayerConfig(n=4096, k=4096, scheme="w4a16-int4-g128")
+    tuning = attrs.evolve(widened_weight_tunings(layer, TARGET).for_m(4096), a_load="cp_async")
+    with pytest.raises(ComposeError, match=re.escape("the activations come by TMA (a_load='tma'")):
+        compose(layer, ComputeConfig(), tuning, TARGET)
+    with pytest.raises(ComposeError, match=re.escape("'shared' serves 8-bit weights x 8-bit activations")):
+        compose(layer, ComputeConfig(), attrs.evolve(tuning, b_operand="shared", a_load="tma"), TARGET)
+
+
+HOST16 = r"""
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+struct { unsigned x; } threadIdx;
+"""
+HOST16_MAIN = r"""
+static int run_widen(int argc, char** argv) {
+  const int n_blocks = std::atoi(argv[1]), k_tiles = std::atoi(argv[2]), group_rows = std::atoi(argv[3]);
+  std::vector<unsigned char> b(static_cast<size_t>(n_blocks) * cfg::kSlicesPerN * cfg::kBSliceBytes);
+  std::fread(b.data(), 1, b.size(), stdin);
+  std::vector<u16> scale(static_cast<size_t>(group_rows) * cfg::kNPad);
+  std::fread(scale.data(), 2, scale.size(), stdin);
+  std::vector<unsigned char> stage(cfg::kStageBytes);
+  for (int nt = 0; nt < n_blocks / 2; ++nt)  // 256-row tiles: two layout blocks
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      std::memset(stage.data(), 0xA5, stage.size());  // poison: every panel byte must be written
+      for (int i = 0; i < 2; ++i)  // load_weight_stage: each block's kSlicesPerStage slices, then the group rows
+        std::memcpy(stage.data() + cfg::kAStageBytes + i * cfg::kSlicesPerStage * cfg::kBSliceBytes,
+                    b.data() + (static_cast<size_t>(2 * nt + i) * cfg::kSlicesPerN + kt * cfg::kSlicesPerStage) *
+                                   cfg::kBSliceBytes, cfg::kSlicesPerStage * cfg::kBSliceBytes);
+#if GROUP_ROWS
+      for (int r = 0; r < cfg::kGroupRows; ++r)
+        std::memcpy(stage.data() + cfg::kBScaleOffset + r * cfg::kBlockN * 2,
+                    scale.data() + static_cast<size_t>(kt * cfg::kGroupRowsPerKTile / cfg::kKTilesPerGroup + r) *
+                                       cfg::kNPad + nt * 256, cfg::kBlockN * 2);
+#endif
+      for (int unit = 0; unit < kWidenUnits; ++unit)
+        for (int lane = 0; lane < 32; ++lane) {
+          threadIdx.x = lane;
+          widen_unit(stage.data(), stage.data() + cfg::kBPanelOffset, unit, lane);
+        }
+      std::fwrite(stage.data() + cfg::kBPanelOffset, 1, cfg::kBlockN * cfg::kBlockK * 2, stdout);
+    }
+  return 0;
+}
+"""
+
+
+G32 = hg.QuantScheme("int4", group_size=32, scale_dtype="bfloat16")  # two groups a k16 pair of steps: not hoisted
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int4-g128", "w3a16-int3-g128", "w4a16-int4-channel", "w8a16-int8-channel",
+                                    G32], ids=["int4-g128", "int3-g128", "int4-channel", "int8-channel", "int4-g32"])
+def test_rendered_dequantization_writes_the_panels(scheme, tmp_path) -> None:
+    """Every panel byte of every stage against the weight dequantized in float64 and rounded once to bf16, at
+    panel row 64 t + 16 w + r of weight row 64 w + 16 t + r (t: 16-row n tile of 64-row warp slice w), swizzled."""
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) to run the rendered template")
+    from test_numeric_templates_host import PRELUDE as NUMERIC_PRELUDE
+
+    n, k = 500, 384  # two 256-row tiles (the second part padding), six 64-k stages
+    g = torch.Generator().manual_seed(11)
+    qw = (hg.scheme(scheme) if isinstance(scheme, str) else scheme).quantize(torch.randn(n, k, generator=g) * 0.05)
+    layer, plan = _widened16(scheme, 4096, n=n, k=k)
+    assert plan.pipeline == "warp_specialized" and plan.tuning.b_operand == "widened"
+    prepared = prepare_weight(plan, qw, "cpu")
+    lay = plan.layout
+    src = generate(plan)
+    groups = plan.group is not None
+    assert not groups or plan.group.tensors == ("b_scale",)  # (the harness copies the one scale tensor's rows)
+    sections = "".join(_sections(src, h) for h in ("numeric.", "memory.BChunkShared", "memory.GroupParamsShared",
+                                                   "memory.WeightWidenDequant"))
+    n_blocks, k_tiles = lay.n_pad // 128, lay.k_pad // 64
+    stdin = prepared.b.contiguous().view(torch.uint8).numpy().tobytes()
+    group_rows = 0
+    if groups:
+        stdin += prepared.b_scale.contiguous().view(torch.int16).numpy().tobytes()
+        group_rows = prepared.b_scale.shape[0]
+    prelude = (PRELUDE + NUMERIC_PRELUDE.replace("#include <cstdio>", "") + HOST16
+               + "static inline u32 fma2(u32 a, u32 b, u32 c) { return fma2_typed(a, b, c, true); }\n")
+    out = _run_host(tmp_path, "widen16", prelude, src, sections,
+                    HOST16_MAIN.replace("GROUP_ROWS", "1" if groups else "0"), [n_blocks, k_tiles, group_rows], stdin)
+    got = torch.from_numpy(np.frombuffer(out, dtype=np.int16).copy()).view(n_blocks // 2, k_tiles, 256, 64)
+    # expected: row-permuted, swizzled panels of the bf16 weight (channel scales multiply the output instead: the
+    # panels hold the codes' values); rows past N and k past K are not compared (zero activations meet them)
+    w = torch.zeros(lay.n_pad, lay.k_pad, dtype=torch.float64)
+    values = qw.dequantize(torch.float64)
+    if qw.scheme.granularity == "channel":
+        values = values / qw.scales.to(torch.float64).view(n, 1)
+    w[:n, :k] = values
+    valid = torch.zeros(lay.n_pad, lay.k_pad, dtype=torch.bool)
+    valid[:n, :k] = True
+    wb = w.to(torch.bfloat16).view(torch.int16).view(n_blocks // 2, 4, 4, 16, k_tiles, 64)  # [tile][w][t][r][kt][k]
+    rows = wb.permute(0, 4, 2, 1, 3, 5).reshape(n_blocks // 2, k_tiles, 256, 64)  # panel row 64 t + 16 w + r
+    p_row = torch.arange(256).view(256, 1)
+    chunk = torch.arange(64).view(1, 64) // 8
+    swizzled = (chunk ^ (p_row % 8)) * 8 + torch.arange(64).view(1, 64) % 8  # element position in the panel row
+    expected = torch.empty_like(rows)
+    expected[..., p_row.expand(256, 64), swizzled] = rows
+    checked = torch.empty_like(rows, dtype=torch.bool)
+    checked[..., p_row.expand(256, 64), swizzled] = (valid.view(n_blocks // 2, 4, 4, 16, k_tiles, 64)
+                                                     .permute(0, 4, 2, 1, 3, 5).reshape(rows.shape))
+    wrong = ((got != expected) & checked).nonzero()
+    assert wrong.numel() == 0, f"{len(wrong)} values differ, first (tile, k tile, panel row, element) {wrong[:4].tolist()}"

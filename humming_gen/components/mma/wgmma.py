@@ -39,6 +39,14 @@ class WgmmaRS(Component):
                 "d_operands": ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))}
 
 
+@attrs.frozen
+class WgmmaSS(WgmmaRS):
+    """Shared-A, shared-B warpgroup MMA over `n` tokens with 16-bit operands: the weights come dequantized from the
+    stage's widened panels (b_operand='widened') through a descriptor instead of each warp's registers."""
+
+    template: ClassVar[str] = "mma/wgmma_ss.cuh.j2"
+
+
 WGMMA_8BIT_TYPE = {"int8": "s8", "float8e4m3": "e4m3", "float8e5m2": "e5m2"}
 
 

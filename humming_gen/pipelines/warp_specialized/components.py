@@ -141,7 +141,7 @@ class WeightWiden(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/weight_widen.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
-    provides: ClassVar[frozenset[str]] = frozenset({"kWidenTiles", "widen_tile"})
+    provides: ClassVar[frozenset[str]] = frozenset({"kWidenUnits", "widen_unit"})
     weight: str
     order: str  # the nibbles' widening (BLayoutNibble8.order): "int8" or "e4m3"
     fold: bool = option_field()  # folded group scales: each row's exponent delta of the step added (exponent_fold)
@@ -149,6 +149,33 @@ class WeightWiden(Component):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         return frozenset({"E4m3Table", "fold_table", "nibbles_to_a8_folded"} if self.fold else {"nibbles_to_a8"})
+
+
+@attrs.frozen
+class WeightWidenDequant(Component):
+    """A stage's packed weights dequantized to 16-bit panels of the stage (b_operand='widened' with 16-bit
+    activations): the producer warpgroup's warps 1-3 run the register kernels' dequantization chain while its warp 0
+    copies, so the consumers only issue wgmmas with both operands in shared memory."""
+
+    template: ClassVar[str] = "pipelines/warp_specialized/weight_widen16.cuh.j2"
+    family: ClassVar[str] = "memory"
+    requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
+    provides: ClassVar[frozenset[str]] = frozenset({"kWidenUnits", "widen_unit"})
+    dtype: str
+    group_params: tuple[str, ...]
+    dequant_params: tuple[str, ...]
+    convert_in_extract: bool
+    hoist_group_params: bool  # a stage lies in one group: each n tile's parameters are read once per chunk
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        needs = {"load_b_chunk", "kChunkWords", "extract_code_pair", "dequant_pair"}
+        needs |= set() if self.convert_in_extract else {"convert_pair"}
+        needs |= {"load_group_pair"} if self.dequant_params else set()
+        return frozenset(needs)
+
+    def extra_context(self) -> dict:
+        return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
 
 
 class RingSkeleton:
@@ -239,19 +266,26 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
     staged_store: bool = option_field()
     cluster_m: int = option_field(1)  # generated with 1 only (two-CTA clusters: the 8-bit skeleton)
     cluster_n: int = option_field(1)
+    # the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels (WeightWidenDequant), arriving on
+    # the stage's widened barrier; the consumers' wgmmas read them through descriptors (WgmmaSS)
+    widened: bool = option_field()
 
     @property
     def provides(self) -> frozenset[str]:  # type: ignore[override]
-        return frozenset(self.ring_provides())
+        return frozenset(self.ring_provides() | ({"widen"} if self.widened else set()))
 
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
-        needs = self.ring_needs() | {"load_b_chunk", "kChunkWords", "extract_code_pair", "dequant_pair",
-                                     "fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
-        needs |= set() if self.convert_in_extract else {"convert_pair"}
-        needs |= {"load_group_pair"} if self.dequant_params else set()
-        if self.a_tma:  # (no generic-proxy writes to fence before wgmma reads the stage)
-            needs = ((needs - {"cp_async_arrive_noinc", "cp_async_drain", "fence_async_shared"})
+        needs = self.ring_needs() | {"fence_accumulators", f"wgmma_m64n{self.block_m}k16"}
+        if self.widened:
+            needs |= {"widen_unit", "kWidenUnits", "smem_descriptor"}
+        else:
+            needs |= {"load_b_chunk", "kChunkWords", "extract_code_pair", "dequant_pair"}
+            needs |= set() if self.convert_in_extract else {"convert_pair"}
+            needs |= {"load_group_pair"} if self.dequant_params else set()
+        if self.a_tma:  # (no generic-proxy writes to fence before wgmma reads the stage, but the widened panels)
+            needs = ((needs - {"cp_async_arrive_noinc", "cp_async_drain"}
+                      - (set() if self.widened else {"fence_async_shared"}))
                      | {"kAStageTxBytes", "prefetch_tensor_map"})
         return frozenset(needs)
 
@@ -260,14 +294,16 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
         base = RingSkeleton.ptx.fget(self)
         if not self.a_tma:
             return base
-        # TMA only: no generic-proxy writes to fence, no cp.async arrivals on the barriers
-        return tuple({"mbarrier": "mbarrier_tx"}.get(p, p) for p in base if p != "async_proxy_fence")
+        # TMA only: no cp.async arrivals on the barriers, and no generic-proxy writes to fence but widened panels
+        return tuple({"mbarrier": "mbarrier_tx"}.get(p, p) for p in base
+                     if p != "async_proxy_fence" or self.widened)
 
     def extra_context(self) -> dict:
+        ring = self.ring_context("u16", "activations may come from the previous kernel")
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
-                "activation_scales": False,
-                **self.ring_context("u16", "activations may come from the previous kernel"),
-                "a_tma": self.a_tma, "producer_cp_async": not self.a_tma}
+                "activation_scales": False, **ring, "a_tma": self.a_tma, "producer_cp_async": not self.a_tma,
+                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 24")}
+                   if self.widened else {})}
 
 
 @attrs.frozen
@@ -365,7 +401,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.mma_n}k32"}
         needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
-        needs |= {"widen_tile", "kWidenTiles"} if self.widened else set()
+        needs |= {"widen_unit", "kWidenUnits"} if self.widened else set()
         needs |= {"kLayoutBlocks"} if self.tokens_m else set()  # a stage's weight panel spans block_n / 128 blocks
         needs |= {"a_stage_bytes"} if self.a_bulk else set()
         if self.nibbles:

@@ -20,7 +20,7 @@ from humming_gen.components.epilogue.output import SplitKParallelReduce, StoreOu
 from humming_gen.components.epilogue.topk_atomic import fused_topk_store, output_dtype
 from humming_gen.components.memory.shared_reads import BChunkShared, GroupParamsShared
 from humming_gen.components.mma.atoms import WGMMA_M64NNK16_WARP
-from humming_gen.components.mma.wgmma import WgmmaRS
+from humming_gen.components.mma.wgmma import WgmmaRS, WgmmaSS
 from humming_gen.components.ptx.wrappers import wrappers_for
 from humming_gen.components.schedule.dense import (MoeGroupedPersistentSchedule, MoeIndexedPersistentSchedule,
                                                   PersistentSchedule)
@@ -32,7 +32,8 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, c
                                           padded_k, split_k_constants, split_k_reasons, weight_layout)
 from humming_gen.pipelines.standard.moe import expert_bytes, expert_tensors, moe_name_suffix, moe_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, ATileTma,
-                                                               WarpSpecializedPipeline, WeightStageBulk)
+                                                               WarpSpecializedPipeline, WeightStageBulk,
+                                                               WeightWidenDequant)
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
@@ -44,6 +45,13 @@ N_TILES_PER_SLICE = LAYOUT_WARP_N // 16  # 16-row n tiles of a slice, shared out
 ACC_REGISTERS = 176  # fp32 accumulators per consumer thread: n tiles x block_m / 2 (176 tokens with two warpgroups)
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
+# b_operand='widened': the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels (widen_unit), so
+# its setmaxnreg budget holds their dequantization chain (a chunk's words: 4 per bit of the weight; zero points),
+# and the consumers get what is left: weights of at most 4 bits without zero points, whose stage lies in one group,
+# fit 64 registers (NVRTC 13.0, no spills), the rest 96 (with 64, uint4 g128 with int zero points and int4 / MXFP4
+# with groups of 32 spilled 8 bytes beside 176-token tiles)
+WIDEN_THREADS = 96
+WIDEN_REGISTERS, WIDEN_REGISTERS_WIDE = 64, 96
 REGISTER_FILE = 65536
 SMEM_ALIGN = 1024  # 128-byte swizzled operands sit on 1024-byte boundaries
 STATIC_SMEM = 128  # static shared memory beside the dynamic ring (the split-K hand-off's flag)
@@ -88,15 +96,26 @@ class SmemPlan:
     tensors: int
     stages: int
     staging: int = 0  # the consumer warps' epilogue staging, after the barriers (staging_bytes)
+    widened: int = 0  # b_operand='widened': the stage's dequantized 16-bit weight panels, 1024-aligned after the rest
 
     @property
-    def stage(self) -> int:
+    def panel_offset(self) -> int:
+        """Where a stage's widened weight panels start (the 128-byte swizzle needs 1024-byte alignment)."""
         raw = self.a + self.b + self.group * self.tensors
         return -(-raw // SMEM_ALIGN) * SMEM_ALIGN
 
     @property
-    def total(self) -> int:  # + full/empty barriers + staging + alignment slack
-        return self.stages * self.stage + 16 * self.stages + self.staging + SMEM_ALIGN
+    def stage(self) -> int:
+        return self.panel_offset + self.widened  # (panels are whole 1024-byte groups of 8 swizzled rows)
+
+    @property
+    def barriers(self) -> int:
+        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup dequantizes."""
+        return 24 if self.widened else 16
+
+    @property
+    def total(self) -> int:  # + barriers + staging + alignment slack
+        return self.stages * (self.stage + self.barriers) + self.staging + SMEM_ALIGN
 
     def fits(self, target: Target, reserved: int = 0) -> bool:
         """`reserved`: more static shared memory (a grouped MoE schedule's expert prefix, expert_prefix_bytes)."""
@@ -151,7 +170,8 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig, routed_gemm1: bool =
     return SmemPlan(a=t.block_m * t.block_k * 2, b=slices * b_slice_bytes(layer),
                     group=group.rows_per_stage * t.block_n * 2 if group else 0,
                     tensors=len(group.tensors) if group else 0, stages=t.stages,
-                    staging=staging_bytes(layer, t, routed_gemm1))
+                    staging=staging_bytes(layer, t, routed_gemm1),
+                    widened=t.block_n * t.block_k * 2 if t.b_operand == "widened" else 0)
 
 
 def b_slice_bytes(layer: LayerConfig) -> int:
@@ -159,9 +179,17 @@ def b_slice_bytes(layer: LayerConfig) -> int:
     return LAYOUT_BLOCK_N * LAYOUT_WARP_K * layer.scheme.weight.bits // 8
 
 
-def consumer_registers(warpgroups: int) -> int:
+def producer_registers(layer: LayerConfig, tuning: TuningConfig) -> int:
+    if tuning.b_operand != "widened":
+        return PRODUCER_REGISTERS
+    s = layer.scheme
+    hoisted = s.granularity != "group" or s.group_size % tuning.block_k == 0  # parameters read once per n tile
+    return WIDEN_REGISTERS if s.weight.bits <= 4 and s.zero_point is None and hoisted else WIDEN_REGISTERS_WIDE
+
+
+def consumer_registers(warpgroups: int, producer: int = PRODUCER_REGISTERS) -> int:
     """Registers per consumer thread after the producer gives its share back (setmaxnreg: multiples of 8, <= 256)."""
-    free = REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGISTERS
+    free = REGISTER_FILE - PRODUCER_THREADS * producer
     return min(256, free // (128 * warpgroups) // 8 * 8)
 
 
@@ -225,10 +253,22 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     if t.block_k not in (64, 128):
         reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
                        f"producer's activation rows keep their swizzle up to 16 chunks per row)")
-    if t.b_operand != "registers":
-        reasons.append(f"tuning.b_operand={t.b_operand!r}: with 16-bit activations the weights are dequantized into "
-                       f"the register operand (b_operand='shared' serves 8-bit weights x 8-bit activations)")
+    if t.b_operand == "shared":
+        reasons.append(f"tuning.b_operand={t.b_operand!r}: with 16-bit activations the weights are dequantized, "
+                       f"into the register operand ('registers') or shared-memory panels ('widened'); 'shared' "
+                       f"serves 8-bit weights x 8-bit activations")
     return reasons
+
+
+def widened_reasons(compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+    """What b_operand='widened' (the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels that
+    wgmma reads) needs with 16-bit activations: a producer whose warp 0 alone copies, so activations by TMA (dense
+    layers and grouped MoE windows; indexed MoE rows are gathered by all producer threads' cp.asyncs)."""
+    if tuning.a_load != "tma" or compute.gemm == "indexed":
+        return [f"b_operand='widened' with a_load={tuning.a_load!r}, gemm={compute.gemm!r}: the producer warpgroup's "
+                f"warp 0 alone copies, so the activations come by TMA (a_load='tma': dense layers and grouped MoE "
+                f"windows)"]
+    return []
 
 
 def gathered_rows_per_pass(block_k: int, element_bytes: int) -> int:
@@ -267,6 +307,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     if a_tma and gather:
         reasons.append("tuning.a_load='tma' with gemm='indexed': its rows are gathered through the routing with "
                        "'cp_async' (a tensor map serves dense activations and grouped row windows)")
+    widened = t.b_operand == "widened"
+    reasons += widened_reasons(compute, t) if widened else []
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:
@@ -287,7 +329,11 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
                                WeightStageBulk(group_params=group.tensors if group else ())]
     if group is not None:
         memory.append(GroupParamsShared(dtype=dtype, tensors=group.tensors, float_scales=False, pair_loads=True))
-    mma: list[Component] = [WgmmaRS(dtype=dtype, n=t.block_m)]
+    if widened:
+        memory.append(WeightWidenDequant(dtype=dtype, group_params=group.tensors if group else (),
+                                         dequant_params=apply.params, convert_in_extract=convert_in_extract,
+                                         hoist_group_params=hoist))
+    mma: list[Component] = [(WgmmaSS if widened else WgmmaRS)(dtype=dtype, n=t.block_m)]
     schedule: list[Component] = [moe_persistent_schedule(compute) if moe else PersistentSchedule(split_k=t.split_k)]
     epilogue: list[Component] = []
     if t.split_k > 1:
@@ -309,12 +355,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     per_expert = expert_bytes(layer, group, n_pad, k_pad)
     experts = expert_tensors(dense_args(layer, group, False, LAYOUT_WARP_K), per_expert) if moe else ()
     pdl = target.has("pdl")
-    name = kernel_name(layer, t, target, suffix="_ws" + moe_name_suffix(compute))
+    # _wd: weights dequantized into shared-memory panels by the producer warpgroup
+    name = kernel_name(layer, t, target, suffix="_ws" + moe_name_suffix(compute) + ("_wd" if widened else ""))
     pipeline = WarpSpecializedPipeline(kernel_name=name, block_m=t.block_m, consumer_warpgroups=warpgroups,
                                        group_params=group.tensors if group else (), hoist_group_params=hoist,
                                        dequant_params=apply.params, convert_in_extract=convert_in_extract,
                                        split_k=t.split_k > 1, pdl=pdl, expert_tensors=experts, grouped=grouped,
-                                       staged_store=staged, a_tma=a_tma)
+                                       staged_store=staged, a_tma=a_tma, widened=widened)
     body = numeric + memory + mma + schedule + epilogue + [pipeline]
     components = (tuple(wrappers_for(body, dtype, output_dtype(layer, compute), layer.has_bias, t.block_m // 8))
                   + tuple(body))
@@ -339,8 +386,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         ("kProducerThreads", PRODUCER_THREADS, ""), ("kConsumerWarpgroups", warpgroups, ""),
         ("kConsumerWarps", 4 * warpgroups, ""), ("kConsumerThreads", 128 * warpgroups, ""),
         ("kWarpsMN", 4 * warpgroups, "consumer warps (the split-K hand-off's warp count)"),
-        ("kProducerRegisters", PRODUCER_REGISTERS, "setmaxnreg budgets"),
-        ("kConsumerRegisters", consumer_registers(warpgroups), ""),
+        ("kProducerRegisters", producer_registers(layer, t), "setmaxnreg budgets"
+         + (" (the producer warpgroup's warps 1-3 dequantize)" if widened else "")),
+        ("kConsumerRegisters", consumer_registers(warpgroups, producer_registers(layer, t)), ""),
         ("kWarpNTiles", N_TILES_PER_SLICE // warpgroups,
          "n tiles of its slice per consumer warp = m64 wgmma instructions per warpgroup and step"),
         ("kWarpMTiles", t.block_m // 8, "8-token accumulator groups"),
@@ -354,6 +402,9 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     constants += [(constant, per_expert[name], f"bytes of one expert's {name}") for name, constant in experts]
     constants += [("kNumExperts", layer.num_experts, "")] if grouped else []
     constants += [("kAStageBytes", smem.a, ""), ("kStageBytes", smem.stage, "")]
+    constants += [("kBPanelBytes", t.block_n * 128, "one 64-k panel of the stage's dequantized weights (all rows)"),
+                  ("kBPanelOffset", smem.panel_offset, "a stage's dequantized weight panels, after its other parts"),
+                  ("kWidenThreads", WIDEN_THREADS, "warps 1-3 of the producer warpgroup")] if widened else []
     constants += [("kStagingBytes", STAGING_BYTES, "a consumer warp's epilogue staging")] if staged else []
     constants += group_offset_constants(group, smem.a + smem.b, smem.group)
     launch = PersistentLaunch(n_tiles=math.ceil(n_pad / t.block_n), block_m=t.block_m, block_n=t.block_n,

@@ -67,7 +67,7 @@ SLICE_K = SHARED_LAYOUT["warp_k"]
 WARPGROUPS = 2  # one per 64-row warp slice of the layout block
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
-# b_operand='widened': warps 1-3 of the producer warpgroup widen nibbles (widen_tile), so the warpgroup's setmaxnreg
+# b_operand='widened': warps 1-3 of the producer warpgroup widen nibbles (widen_unit), so the warpgroup's setmaxnreg
 # budget holds their lookups and addresses; the consumers get what is left (consumer_registers)
 WIDEN_THREADS = 96
 WIDEN_REGISTERS = 64

@@ -295,15 +295,24 @@ def tokens_m_tuning(layer: LayerConfig, target: Target, tuning: TuningConfig, m_
                     split_k=1, raster="m_band" if _banded(layer, 128, tuning.a_load) else "n_major")
 
 
+# 16-bit widened panels take block_n x block_k x 2 bytes a stage: 64-k stages keep three in shared memory beside
+# 176-token activation tiles (128-k ones leave room for two)
+WIDENED_BLOCK_K_16 = 64
+
+
 def widened_weight_tunings(layer: LayerConfig, target: Target, widened_from: int = 1,
                            tokens_m_from: int | None = None) -> TuningPlan:
-    """The plan of a dense layer of weights of at most 4 bits x 8-bit activations whose buckets from `widened_from`
-    rows on (and the open-ended one) read weights widened into shared memory by the producer warpgroup
-    (b_operand='widened', compose_a8.widened_reasons), from `tokens_m_from` rows on with the tokens on wgmma's M (one
-    128-row layout block a tile); the smaller buckets keep register weights. Both read the register kernels' packed
-    nibbles, so a layer keeps one copy. Opt-in (not measured yet): W4A8's register kernels widen on the consumers'
-    issue slots between wgmmas, and the 8-bit shared-weight kernels run at 0.75-0.85x their time at large M
-    (README, Speed). ValueError where the layer's kernels cannot widen (compose_a8.widened_reasons)."""
+    """The plan of a layer whose warp-specialized buckets from `widened_from` rows on (and the open-ended one) have
+    the producer warpgroup's warps 1-3 widen each stage's weights into shared memory (b_operand='widened'): weights
+    of at most 4 bits x 8-bit activations widened to 8-bit codes (compose_a8.widened_reasons; dense; from
+    `tokens_m_from` rows on with the tokens on wgmma's M, one 128-row layout block a tile), or any weights x 16-bit
+    activations dequantized to 16-bit panels (compose.widened_reasons: dense layers and grouped MoE windows, whose
+    activations come by TMA; WIDENED_BLOCK_K_16 stages). The other buckets keep the heuristics' register kernels;
+    all read one packed copy. Opt-in (not measured yet): the register kernels' consumers widen or dequantize on their
+    own issue slots between wgmmas (README, Speed: W4A16 at M = 4096 833 -> 679 us with a one-instruction
+    dequantization). ValueError where no bucket can widen."""
+    if layer.scheme.activation is None:
+        return _widened_16bit(layer, target, widened_from)
     from humming_gen.config import ComputeConfig
 
     reasons = compose_a8.widened_reasons(layer, ComputeConfig(gemm="dense" if layer.num_experts == 1 else "indexed"),
@@ -318,6 +327,22 @@ def widened_weight_tunings(layer: LayerConfig, target: Target, widened_from: int
             if tokens_m_from is not None and (m_max is None or m_max >= tokens_m_from):
                 tuning = tokens_m_tuning(layer, target, tuning, m_max, compose_a8.BLOCK_N)
         buckets.append((m_max, tuning))
+    return TuningPlan(tuple(buckets))
+
+
+def _widened_16bit(layer: LayerConfig, target: Target, widened_from: int) -> TuningPlan:
+    from humming_gen.heuristics import choose_tunings as heuristics_plan
+
+    buckets, widened = [], 0
+    for m_max, tuning in heuristics_plan(layer, target, stored=False).buckets:
+        if (tuning.pipeline == "warp_specialized" and tuning.a_load == "tma"
+                and (m_max is None or m_max >= widened_from)):
+            tuning = restaged(layer, target, tuning, b_operand="widened", block_k=WIDENED_BLOCK_K_16)
+            widened += 1
+        buckets.append((m_max, tuning))
+    if not widened:
+        raise ValueError(f"{layer.summary()}: no warp-specialized bucket from {widened_from} rows reads its "
+                         f"activations by TMA, which weights dequantized into shared memory need")
     return TuningPlan(tuple(buckets))
 
 

@@ -1,10 +1,14 @@
-"""QuantLinear with weights of at most 4 bits x 8-bit activations on the warp-specialized kernels that widen the
-weights into shared memory (TuningConfig.b_operand='widened', heuristics.widened_weight_tunings: the producer
-warpgroup's warps 1-3 widen each stage's nibbles into a BLayoutSw128 panel read by wgmma), every bucket from M = 1,
-with the tokens on wgmma's N or on its M, against the float64 reference with test_linear_w8a8's tolerances and
-checks (outputs poisoned, an outlier row, relative Frobenius and largest-element bounds). The weights of the MXFP4
-cases carry a power of two per (row, group), so folded deltas read for the wrong row or k step show; the fallback
-case plants one group 2^-12 below its row, so its group scales are promoted instead of folded."""
+"""QuantLinear on the warp-specialized kernels whose producer warpgroup's warps 1-3 widen each stage's weights into
+shared memory (TuningConfig.b_operand='widened', heuristics.widened_weight_tunings), which the consumers' wgmmas read
+through descriptors, against the float64 reference, outputs poisoned before every launch:
+
+- weights of at most 4 bits x 8-bit activations (nibbles widened to 8-bit codes in a BLayoutSw128 panel), every
+  bucket from M = 1, the tokens on wgmma's N or on its M, with test_linear_w8a8's tolerances and checks (an outlier
+  row, relative Frobenius and largest-element bounds). The weights of the MXFP4 cases carry a power of two per (row,
+  group), so folded deltas read for the wrong row or k step show; the fallback case plants one group 2^-12 below
+  its row, so its group scales are promoted instead of folded.
+- 16-bit activations (weights dequantized into 16-bit panels): the warp-specialized buckets from M = 17 on, the
+  formats of test_linear_warp_specialized with its tolerances, N not a multiple of the 256-row tile."""
 
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ import torch
 import humming_gen as hg
 from humming_gen.pipelines.warp_specialized.heuristics import widened_weight_tunings
 
+from humming_gen.reference import reference_gemm
 from test_linear_w4a8_fold import _weight
 from test_linear_w8a8 import _check
+from test_linear_warp_specialized import FORMATS, TOLERANCE
 
 pytestmark = pytest.mark.gpu
 
@@ -73,3 +79,30 @@ def test_w4a8_widened_tokens_on_m(scheme: str, n: int, k: int) -> None:
     layer = widened_layer(qw, bias, torch.bfloat16, tokens_m=True, out_dtype=out_dtype)
     for m in M_VALUES:
         _check(layer, qw, bias.double(), torch.bfloat16, m, f"{scheme} widened, tokens on M")
+
+
+WS_M_VALUES = (17, 64, 127, 1000, 4096)
+
+
+@needs_sm90a
+@pytest.mark.parametrize("cid,kwargs,dtype", [f for f in FORMATS if f[0] not in ("int4-g48",)],
+                         ids=[f[0] for f in FORMATS if f[0] not in ("int4-g48",)])
+@pytest.mark.parametrize("n,k", [(4000, 3072), (1536, 2048)])
+def test_16bit_widened_weights(cid: str, kwargs: dict, dtype: torch.dtype, n: int, k: int) -> None:
+    """(int4-g48 left out: groups that are not a multiple of 16 run the standard pipeline.)"""
+    torch.manual_seed(n * 7 + k + 1)
+    qw = hg.QuantScheme(**kwargs).quantize(torch.randn(n, k, device="cuda") * 0.05)
+    bias = (torch.randn(n, device="cuda") * 0.1).to(dtype)
+    base = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    plan = widened_weight_tunings(base.layer_config, base.target)
+    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, tunings=plan)
+    for m in WS_M_VALUES:
+        kernel = layer.kernel_for(m)
+        assert kernel.plan.tuning.b_operand == "widened" and kernel.name.endswith("_wd"), (m, kernel.name)
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poison
+        layer(x, out=out)
+        ref = reference_gemm(x.double(), qw, bias=bias.double())
+        assert torch.isfinite(out).all(), f"{cid} m={m}: non-finite output (poison left or overflow)"
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < TOLERANCE[dtype], f"{cid} m={m}: relative error {err:.3g}"
