@@ -160,7 +160,7 @@ class WeightWidenDequant(Component):
     template: ClassVar[str] = "pipelines/warp_specialized/weight_widen16.cuh.j2"
     family: ClassVar[str] = "memory"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma"})
-    provides: ClassVar[frozenset[str]] = frozenset({"kWidenUnits", "widen_unit"})
+    provides: ClassVar[frozenset[str]] = frozenset({"kWidenUnits", "widen_half", "widen_unit"})
     dtype: str
     group_params: tuple[str, ...]
     dequant_params: tuple[str, ...]
