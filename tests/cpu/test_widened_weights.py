@@ -69,27 +69,102 @@ def test_widened_kernels_compile_without_spills(scheme: str, fold: bool, m: int,
     assert "wgmma_m64n" in src and "f32.e4m3.e4m3" in src if scheme.endswith("fp8") else ".s32.s8.s8" in src
 
 
-def test_widening_warps_barriers_and_registers() -> None:
+@pytest.mark.parametrize("scheme,m,fold", [("w4a8-mxfp4-fp8", 1024, True), ("w4a16-int4-g128", 1024, False),
+                                           ("w4a16-int4-g128-zp", 4096, False)])
+def test_widening_warps_barriers_and_registers(scheme: str, m: int, fold: bool) -> None:
     """Three warps widen, each arriving on the stage's widened barrier, initialised to their 96 threads; the
-    consumers wait for it after the full barrier; the producer warpgroup's register budget is the widening one and
-    the consumers' what the register file has left; a stage's barriers take 24 bytes, so the epilogue staging
-    begins after them."""
-    _, plan = _widened("w4a8-mxfp4-fp8", 1024, fold=True)
+    consumers wait for it after the full barrier. The setmaxnreg budgets share the registers the CTA holds at launch
+    (kThreads x the count ptxas gives the kernel, 168 at 384 threads), not the register file: a consumer's
+    setmaxnreg.inc past them would wait forever. A stage's barriers take 32 bytes, so the epilogue staging after
+    them stays 16-byte aligned for every stage count."""
+    layer = LayerConfig(n=8192, k=8192, scheme=scheme, fold_scales=fold)
+    plan = compose(layer, ComputeConfig(), widened_weight_tunings(layer, TARGET).for_m(m), TARGET)
     src = generate(plan)
-    consts = dict(plan.constants_dict()) if hasattr(plan, "constants_dict") else {c[0]: c[1] for c in plan.constants}
+    consts = {c[0]: c[1] for c in plan.constants}
     assert consts["kWidenThreads"] == 96 == plan.threads // 3 - 32
     assert "mbarrier_init(ring.widened_bars + 8 * s, cfg::kWidenThreads)" in src
     assert "if (threadIdx.x < 32)\n      produce(p, ring, units);" in src and "widen(p, ring, units);" in src
     assert src.count("mbarrier_arrive(ring.widened_bars + 8 * stage)") == 1  # every widening thread, once a stage
     assert src.count("mbarrier_wait(ring.widened_bars + 8 * s, ph)") == 1  # the consumers' wait_stage
-    assert "u < kWidenUnits; u += cfg::kWidenThreads / 32" in src
-    assert consts["kProducerRegisters"] == compose_a8.WIDEN_REGISTERS
-    assert 128 * (consts["kProducerRegisters"] + 2 * consts["kConsumerRegisters"]) <= compose_a8.REGISTER_FILE
-    smem = compose_a8.shared_memory(plan.layer, plan.tuning)
-    assert smem.panel_offset % 1024 == 0 and consts["kBPanelOffset"] == smem.panel_offset
-    assert consts["kStageBytes"] == smem.panel_offset + 128 * 128 and smem.barriers == 24
-    assert "cfg::kStages * (cfg::kStageBytes + 24)" in src and "kStageBytes + 16" not in src
+    held = build(plan).resources["registers"]
+    assert held == ws_compose.launch_registers(plan.threads) == 168
+    assert 128 * (consts["kProducerRegisters"] + 2 * consts["kConsumerRegisters"]) <= plan.threads * held
+    smem = (compose_a8 if layer.scheme.activation is not None else ws_compose).shared_memory(layer, plan.tuning)
+    assert smem.panel_offset % 1024 == 0 and consts["kBPanelOffset"] == smem.panel_offset and smem.barriers == 32
+    assert "cfg::kStages * (cfg::kStageBytes + 32)" in src and "kStageBytes + 16" not in src
+    for stages in range(2, 9):  # the staging offset: stage bytes are whole 1024s, so the barriers decide
+        assert stages * (smem.stage + smem.barriers) % 16 == 0
     assert plan.shared_bytes == smem.total <= TARGET.smem_per_block_optin
+
+
+ROLE_HOST = r"""
+#include <cstdio>
+#include <vector>
+typedef unsigned int u32;
+#define __device__
+#define __forceinline__ inline
+struct { unsigned x; } threadIdx, blockIdx, gridDim;
+namespace cfg { constexpr int kStages = 3, kStageBytes = 64, kBPanelOffset = 0, kWidenThreads = 96; }
+constexpr int kWidenUnits = UNITS;
+struct Params { int m; };
+struct TileCoord { int kt_begin, kt_end; };
+struct Ring { u32 full_bars, widened_bars; unsigned char* smem_ptr; const unsigned char* stage_ptr(int) const { return smem_ptr; } };
+static TileCoord unit_coord(int unit, int = 0) { return TileCoord{0, 2 + unit % 3}; }  // a few k tiles per unit
+static TileCoord unit_coord(const Params&, int unit) { return unit_coord(unit); }
+static int k_tile = -1, waits = 0;  // the current (unit, k tile): widen() waits on its full barrier once per k tile
+static std::vector<int> arrivals, widened;
+static void mbarrier_wait(u32, int) { k_tile = waits++; }
+static void fence_async_shared() {}
+static void mbarrier_arrive(u32) { arrivals[k_tile]++; }
+static void widen_unit(const unsigned char*, unsigned char*, int unit, int lane) { widened[(k_tile * kWidenUnits + unit) * 32 + lane]++; }
+"""
+
+
+@pytest.mark.parametrize("units", [8, 16])  # the 8-bit kernels' 16-row tiles, the 16-bit ones' (half slice, chunk)
+def test_widening_role_covers_every_unit_and_lane_and_arrives_once(units: int, tmp_path) -> None:
+    """The rendered widen() run on the host for threads 32-127 of one CTA (stubs for the barriers and the schedule):
+    every unit of every stage widened by exactly one lane of the right index, and exactly kWidenThreads arrivals on
+    each stage's widened barrier (the count it is initialised to)."""
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) to run the rendered template")
+    from humming_gen.codegen.render import environment
+
+    role = environment().get_template("pipelines/warp_specialized/widen_role.cuh.j2").render(grouped=False, banded=True)
+    units_total = 5  # units of the persistent grid: one CTA (gridDim 1) takes them all
+    main = r"""
+int main() {
+  const int units = 5;
+  int tiles = 0;
+  for (int u = 0; u < units; ++u) tiles += 2 + u % 3;
+  arrivals.assign(tiles, 0);
+  widened.assign(tiles * kWidenUnits * 32, 0);
+  Ring ring{0, 0, nullptr};
+  Params p{1};
+  blockIdx.x = 0;
+  gridDim.x = 1;
+  for (unsigned t = 32; t < 128; ++t) {  // each widening thread runs its whole loop (the stubs never block)
+    threadIdx.x = t;
+    waits = 0;
+    widen(p, ring, units);
+  }
+  for (int a : arrivals) std::printf("%d ", a);
+  std::printf("\n");
+  for (int w : widened) std::printf("%d", w);
+  std::printf("\n");
+  return 0;
+}
+"""
+    assert role.count("mbarrier_wait(") == 1, "the stubs count k tiles by the role's one wait per k tile"
+    cpp = ROLE_HOST.replace("UNITS", str(units)) + role + main
+    (tmp_path / "role.cpp").write_text(cpp)
+    exe = tmp_path / "role"
+    log = subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(tmp_path / "role.cpp")], capture_output=True,
+                         text=True)
+    assert log.returncode == 0, log.stderr[-3000:]
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    arrivals = [int(a) for a in lines[0].split()]
+    assert len(arrivals) == sum(2 + u % 3 for u in range(units_total)) and set(arrivals) == {96}, arrivals
+    assert set(lines[1]) == {"1"}, "a (k tile, unit, lane) widened not exactly once"
 
 
 def test_widened_plans_read_the_register_layout() -> None:
@@ -130,6 +205,8 @@ def test_widened_needs_wgmma_and_whole_panels() -> None:
     TuningConfig(pipeline="warp_specialized", mma="wgmma", b_operand="widened", tokens_on="m")  # allowed
     with pytest.raises(ValueError, match="a_load='tma'"):  # K = 3000: no panels layout, so no bulk-copied codes
         widened_weight_tunings(LayerConfig(n=4096, k=3000, scheme="w4a8-int4-channel-int8"), TARGET)
+    with pytest.raises(ValueError, match="tokens_on='m' with weight scales per group of 128 k"):  # before any build
+        widened_weight_tunings(LayerConfig(n=4096, k=4096, scheme="w4a8-int4-g128-fp8"), TARGET, tokens_m_from=256)
 
 
 # --- the rendered widening, on the host ---------------------------------------------------------------------------
@@ -270,7 +347,7 @@ def test_widened_16bit_plan_keeps_small_buckets_and_one_layout() -> None:
     layouts = {compose(layer, ComputeConfig(), t, TARGET).layout for t in plan.tunings()}
     assert len(layouts) == 1
     smem = ws_compose.shared_memory(layer, plan.for_m(4096))
-    assert smem.panel_offset % 1024 == 0 and smem.barriers == 24 and smem.widened == 256 * 64 * 2
+    assert smem.panel_offset % 1024 == 0 and smem.barriers == 32 and smem.widened == 256 * 64 * 2
 
 
 def test_widened_16bit_refuses_gathered_rows() -> None:

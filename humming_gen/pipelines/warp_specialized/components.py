@@ -302,7 +302,7 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
         ring = self.ring_context("u16", "activations may come from the previous kernel")
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
                 "activation_scales": False, **ring, "a_tma": self.a_tma, "producer_cp_async": not self.a_tma,
-                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 24")}
+                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 32")}
                    if self.widened else {})}
 
 
@@ -434,5 +434,5 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 **ring,
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
                 "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float",
-                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 24")}
+                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 32")}
                    if self.widened else {})}

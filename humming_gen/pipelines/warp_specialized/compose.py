@@ -110,8 +110,10 @@ class SmemPlan:
 
     @property
     def barriers(self) -> int:
-        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup dequantizes."""
-        return 24 if self.widened else 16
+        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup dequantizes (padded to
+        32, so the epilogue staging after them stays 16-byte aligned for stmatrix and vector loads whatever the
+        stages)."""
+        return 32 if self.widened else 16
 
     @property
     def total(self) -> int:  # + barriers + staging + alignment slack
@@ -187,9 +189,18 @@ def producer_registers(layer: LayerConfig, tuning: TuningConfig) -> int:
     return WIDEN_REGISTERS if s.weight.bits <= 4 and s.zero_point is None and hoisted else WIDEN_REGISTERS_WIDE
 
 
+def launch_registers(threads: int) -> int:
+    """Registers each thread holds at launch (__launch_bounds__(threads, 1): ptxas gives the kernel the register
+    file's share in whole 8s, 168 at 384 threads): setmaxnreg moves registers between the warpgroups of a CTA, so
+    their budgets must sum to at most threads x this, not to the register file (a consumer's setmaxnreg.inc past it
+    waits forever)."""
+    return min(256, REGISTER_FILE // threads // 8 * 8)
+
+
 def consumer_registers(warpgroups: int, producer: int = PRODUCER_REGISTERS) -> int:
     """Registers per consumer thread after the producer gives its share back (setmaxnreg: multiples of 8, <= 256)."""
-    free = REGISTER_FILE - PRODUCER_THREADS * producer
+    threads = PRODUCER_THREADS * (1 + warpgroups)
+    free = threads * launch_registers(threads) - PRODUCER_THREADS * producer
     return min(256, free // (128 * warpgroups) // 8 * 8)
 
 
@@ -260,15 +271,34 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
-def widened_reasons(compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+WIDENED_SPARE_REGISTERS = 40  # a widened consumer's registers beside its accumulators (descriptors, addresses)
+
+
+def widened_max_block_m(layer: LayerConfig, tuning: TuningConfig) -> int:
+    """Most tokens of a widened tile: the consumers' accumulators (block_m registers with two warpgroups) and
+    WIDENED_SPARE_REGISTERS within their setmaxnreg budget, which the widening's shrinks (176 tokens with a 64-register
+    widening, 160 with 96: at 176 ptxas serialized the wgmmas, C7512)."""
+    budget = consumer_registers(consumer_warpgroups(tuning), producer_registers(layer, tuning))
+    per_token = N_TILES_PER_SLICE // consumer_warpgroups(tuning) // 2  # accumulator registers per token
+    return (budget - WIDENED_SPARE_REGISTERS) // per_token // 16 * 16
+
+
+def widened_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
     """What b_operand='widened' (the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels that
     wgmma reads) needs with 16-bit activations: a producer whose warp 0 alone copies, so activations by TMA (dense
-    layers and grouped MoE windows; indexed MoE rows are gathered by all producer threads' cp.asyncs)."""
+    layers and grouped MoE windows; indexed MoE rows are gathered by all producer threads' cp.asyncs), and tiles
+    whose accumulators fit the consumers' smaller budget (widened_max_block_m)."""
+    reasons = []
     if tuning.a_load != "tma" or compute.gemm == "indexed":
-        return [f"b_operand='widened' with a_load={tuning.a_load!r}, gemm={compute.gemm!r}: the producer warpgroup's "
-                f"warp 0 alone copies, so the activations come by TMA (a_load='tma': dense layers and grouped MoE "
-                f"windows)"]
-    return []
+        reasons.append(f"b_operand='widened' with a_load={tuning.a_load!r}, gemm={compute.gemm!r}: the producer "
+                       f"warpgroup's warp 0 alone copies, so the activations come by TMA (a_load='tma': dense layers "
+                       f"and grouped MoE windows)")
+    most = widened_max_block_m(layer, tuning)
+    if tuning.block_m > most:
+        reasons.append(f"b_operand='widened' with block_m={tuning.block_m}: at most {most} tokens, whose "
+                       f"accumulators fit the consumers' {consumer_registers(consumer_warpgroups(tuning), producer_registers(layer, tuning))} "
+                       f"registers beside the widening warps' {producer_registers(layer, tuning)}")
+    return reasons
 
 
 def gathered_rows_per_pass(block_k: int, element_bytes: int) -> int:
@@ -308,7 +338,7 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
         reasons.append("tuning.a_load='tma' with gemm='indexed': its rows are gathered through the routing with "
                        "'cp_async' (a tensor map serves dense activations and grouped row windows)")
     widened = t.b_operand == "widened"
-    reasons += widened_reasons(compute, t) if widened else []
+    reasons += widened_reasons(layer, compute, t) if widened else []
     k_tiles = math.ceil(layer.k / t.block_k)
     reasons += split_k_reasons(layer, t)
     if reasons:

@@ -68,10 +68,10 @@ WARPGROUPS = 2  # one per 64-row warp slice of the layout block
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 # b_operand='widened': warps 1-3 of the producer warpgroup widen nibbles (widen_unit), so the warpgroup's setmaxnreg
-# budget holds their lookups and addresses; the consumers get what is left (consumer_registers)
+# budget holds their lookups and addresses (56 spills 12 bytes); the consumers get what is left (consumer_registers:
+# 216 of the 3 x 168 the CTA holds)
 WIDEN_THREADS = 96
 WIDEN_REGISTERS = 64
-REGISTER_FILE = 65536
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
 # int8 x int8 with channel scales keeps one set of s32 sums over the whole of K (no promotion): block_m / 2 registers,
@@ -125,8 +125,9 @@ class SmemPlanA8:
 
     @property
     def barriers(self) -> int:
-        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup widens."""
-        return 24 if self.widened else 16
+        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup widens (padded to 32,
+        so the epilogue staging after them stays 16-byte aligned for stmatrix and vector loads whatever the stages)."""
+        return 32 if self.widened else 16
 
     @property
     def total(self) -> int:
@@ -201,9 +202,9 @@ def producer_registers(tuning: TuningConfig) -> int:
 
 
 def consumer_registers(tuning: TuningConfig | None = None) -> int:
+    """(ws_compose.consumer_registers: the budgets share the registers the CTA holds at launch)"""
     producer = PRODUCER_REGISTERS if tuning is None else producer_registers(tuning)
-    free = REGISTER_FILE - PRODUCER_THREADS * producer
-    return min(256, free // (128 * WARPGROUPS) // 8 * 8)
+    return ws_compose.consumer_registers(WARPGROUPS, producer)
 
 
 def promoted_weight_group_k(layer: LayerConfig) -> int | None:

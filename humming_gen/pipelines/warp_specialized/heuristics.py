@@ -17,7 +17,7 @@ from humming_gen.config import LayerConfig, TuningConfig
 from humming_gen.pipelines.base import TuningPlan
 from humming_gen.pipelines.warp_specialized import compose_a8
 from humming_gen.pipelines.warp_specialized.compose import (BLOCK_N, LAYOUT_BLOCK_N, gathered_rows_per_pass,
-                                                            shared_memory)
+                                                            shared_memory, widened_max_block_m)
 from humming_gen.schemes.quantize import PANEL_K
 from humming_gen.targets import Target
 
@@ -315,8 +315,11 @@ def widened_weight_tunings(layer: LayerConfig, target: Target, widened_from: int
         return _widened_16bit(layer, target, widened_from)
     from humming_gen.config import ComputeConfig
 
+    widened = attrs.evolve(tuning_for_a8(layer, target, None), b_operand="widened")
     reasons = compose_a8.widened_reasons(layer, ComputeConfig(gemm="dense" if layer.num_experts == 1 else "indexed"),
-                                         attrs.evolve(tuning_for_a8(layer, target, None), b_operand="widened"))
+                                         widened)
+    if tokens_m_from is not None:
+        reasons += compose_a8.tokens_m_reasons(layer, tokens_m_tuning(layer, target, widened, None, compose_a8.BLOCK_N))
     if reasons:
         raise ValueError(f"{layer.summary()}: weights widened into shared memory need: " + "; ".join(reasons))
     buckets = []
@@ -337,7 +340,8 @@ def _widened_16bit(layer: LayerConfig, target: Target, widened_from: int) -> Tun
     for m_max, tuning in heuristics_plan(layer, target, stored=False).buckets:
         if (tuning.pipeline == "warp_specialized" and tuning.a_load == "tma"
                 and (m_max is None or m_max >= widened_from)):
-            tuning = restaged(layer, target, tuning, b_operand="widened", block_k=WIDENED_BLOCK_K_16)
+            tuning = attrs.evolve(tuning, b_operand="widened", block_k=WIDENED_BLOCK_K_16)
+            tuning = restaged(layer, target, tuning, block_m=min(tuning.block_m, widened_max_block_m(layer, tuning)))
             widened += 1
         buckets.append((m_max, tuning))
     if not widened:
