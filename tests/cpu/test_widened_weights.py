@@ -350,11 +350,16 @@ def test_widened_16bit_plan_keeps_small_buckets_and_one_layout() -> None:
     assert smem.panel_offset % 1024 == 0 and smem.barriers == 32 and smem.widened == 256 * 64 * 2
 
 
-def test_widened_16bit_refuses_gathered_rows() -> None:
+def test_widened_16bit_refuses_gathered_rows_other_stages_and_tokens_on_m() -> None:
     layer = LayerConfig(n=4096, k=4096, scheme="w4a16-int4-g128")
-    tuning = attrs.evolve(widened_weight_tunings(layer, TARGET).for_m(4096), a_load="cp_async")
+    base = widened_weight_tunings(layer, TARGET).for_m(4096)
+    tuning = attrs.evolve(base, a_load="cp_async")
     with pytest.raises(ComposeError, match=re.escape("the activations come by TMA (a_load='tma'")):
         compose(layer, ComputeConfig(), tuning, TARGET)
+    with pytest.raises(ComposeError, match=re.escape("64-k stages")):
+        compose(layer, ComputeConfig(), attrs.evolve(base, block_k=128, stages=2), TARGET)
+    with pytest.raises(ComposeError, match=re.escape("the tokens are wgmma's N")):
+        compose(layer, ComputeConfig(), attrs.evolve(base, tokens_on="m"), TARGET)
     with pytest.raises(ComposeError, match=re.escape("'shared' serves 8-bit weights x 8-bit activations")):
         compose(layer, ComputeConfig(), attrs.evolve(tuning, b_operand="shared", a_load="tma"), TARGET)
 
@@ -455,3 +460,135 @@ def test_rendered_dequantization_writes_the_panels(scheme, tmp_path) -> None:
                                                      .permute(0, 4, 2, 1, 3, 5).reshape(rows.shape))
     wrong = ((got != expected) & checked).nonzero()
     assert wrong.numel() == 0, f"{len(wrong)} values differ, first (tile, k tile, panel row, element) {wrong[:4].tolist()}"
+
+
+CONSUMER_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <deque>
+typedef unsigned int u32; typedef unsigned short u16;
+#define __device__
+#define __forceinline__ inline
+struct D3 { unsigned x; } threadIdx, blockIdx, gridDim;
+CFG
+namespace hg {
+struct Params { int m; };
+struct TileCoord { int n0, m0, kt_begin, kt_end, split, tile; };
+static TileCoord unit_coord(int unit) { return TileCoord{0, 0, 0, 3 + unit % 4, 0, unit}; }
+static TileCoord unit_coord(const Params&, int unit) { return unit_coord(unit); }
+RING_DESC
+static u32 SMEM = 0x400;  // ring base (1024-aligned)
+static int fails = 0;
+#define FAIL(...) do { std::printf("FAIL: " __VA_ARGS__); std::printf("\n"); if (++fails > 20) std::exit(1); } while (0)
+static int stage_of(u32 addr) { return (addr - SMEM) / cfg::kStageBytes; }
+static bool full_ok[16], widened_ok[16];
+struct Op { int stage; };
+static std::vector<Op> open_group; static std::deque<std::vector<Op>> pending;
+static int cur_kwg, expected_step[16], k16 = 0;
+static void mbarrier_wait(u32 bar, int) {
+  u32 full0 = SMEM + cfg::kStages * cfg::kStageBytes;
+  int idx = (bar - full0) / 8;
+  if (idx < cfg::kStages) full_ok[idx] = true;
+  else if (idx >= 2 * cfg::kStages) { if (!full_ok[idx - 2 * cfg::kStages]) FAIL("widened waited before full"); widened_ok[idx - 2 * cfg::kStages] = true; }
+  else FAIL("consumer waits on an empty barrier");
+}
+static void mbarrier_arrive(u32 bar) {
+  u32 empty0 = SMEM + cfg::kStages * cfg::kStageBytes + cfg::kStages * 8;
+  int s = (bar - empty0) / 8;
+  if (s < 0 || s >= cfg::kStages) { FAIL("arrive on a non-empty barrier"); return; }
+  for (auto& g : pending) for (auto& o : g) if (o.stage == s) FAIL("stage %d released while a wgmma reading it is pending", s);
+  for (auto& o : open_group) if (o.stage == s) FAIL("stage %d released with an uncommitted wgmma reading it", s);
+  if (!full_ok[s] || !widened_ok[s]) FAIL("stage %d released without being acquired", s);
+  full_ok[s] = widened_ok[s] = false;
+}
+static void fence_async_shared() {}
+static void wgmma_fence() {}
+static void wgmma_commit() { pending.push_back(open_group); open_group.clear(); }
+template <int N> static void wgmma_wait() { while ((int)pending.size() > N) pending.pop_front(); }
+static void fence_accumulators(float (&)[cfg::kWarpMTiles][4]) {}
+static long long ops = 0;
+// decode and check: A = panel rows 64 (kTile0 + i) of the stage's panel step / 4, k 16 step; B = activation step
+static void wgmma_m64nNNNk16(float (&d)[cfg::kWarpMTiles][4], unsigned long long a, unsigned long long b, int accumulate) {
+  static int seq = 0;
+  auto addr = [](unsigned long long x) { return (u32)((x & 0x3FFF) << 4); };
+  auto check_bits = [](unsigned long long x, const char* w) {
+    if (((x >> 16) & 0x3FFF) != 1 || ((x >> 32) & 0x3FFF) != 64 || ((x >> 49) & 7) != 0 || (x >> 62) != 1) FAIL("%s descriptor bits %llx", w, x);
+  };
+  check_bits(a, "A"); check_bits(b, "B");
+  u32 aa = addr(a), ba = addr(b);
+  int s = stage_of(ba);
+  if (stage_of(aa) != s) FAIL("A and B from different stages");
+  if (!full_ok[s] || !widened_ok[s]) FAIL("wgmma on stage %d before its full and widened waits", s);
+  u32 aoff = aa - (SMEM + s * cfg::kStageBytes) - cfg::kBPanelOffset, boff = ba - (SMEM + s * cfg::kStageBytes);
+  int panel = aoff / cfg::kBPanelBytes, rest = aoff % cfg::kBPanelBytes, row = rest / 128, kbyte = rest % 128;
+  int bpanel = boff / kAPanelBytes, bkbyte = boff % kAPanelBytes;
+  int step = panel * 4 + kbyte / 32;
+  if (row % 64 || kbyte % 32) FAIL("A at row %d byte %d", row, kbyte);
+  if (bpanel * 4 + bkbyte / 32 != step || bkbyte % 32) FAIL("A step %d, B at panel %d byte %d", step, bpanel, bkbyte);
+  int i = (seq++) % cfg::kWarpNTiles;
+  if (row / 64 != cur_kwg * cfg::kWarpNTiles + i) FAIL("instruction %d of warpgroup %d reads n tile %d", i, cur_kwg, row / 64);
+  if (step != expected_step[0]) FAIL("step %d, expected %d", step, expected_step[0]);
+  if (i == cfg::kWarpNTiles - 1) expected_step[0] = (expected_step[0] + 1) % cfg::kStepsPerStage;
+  if ((accumulate != 0) != (k16 > 0)) FAIL("accumulate=%d at k16 step %d of the unit", accumulate, k16);
+  if (i == cfg::kWarpNTiles - 1) ++k16;
+  open_group.push_back(Op{s}); ++ops;
+}
+static int stored = 0;
+template <class P> static void store_output(float (&)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const P&, int, int, u32 = 0) {
+  if (!pending.empty() || !open_group.empty()) FAIL("epilogue with wgmmas pending");
+  ++stored; k16 = 0;
+}
+template <class P> static void store_output(float (&a)[cfg::kWarpNTiles][cfg::kWarpMTiles][4], const P& p, int n0, int m0, int, int) {}
+"""
+CONSUMER_MAIN = r"""
+}  // namespace hg
+int main() {
+  using namespace hg;
+  Ring ring{}; ring.smem = hg::SMEM; ring.full_bars = ring.smem + cfg::kStages * cfg::kStageBytes;
+  ring.empty_bars = ring.full_bars + cfg::kStages * 8; ring.widened_bars = ring.empty_bars + cfg::kStages * 8;
+  Params p{1}; blockIdx.x = 0; gridDim.x = 1;
+  // every consumer thread (one thread per warpgroup is enough: the stubs are per thread); fresh ring per warpgroup
+  for (int kwg = 0; kwg < (cfg::kConsumerThreads / 128); ++kwg) {
+    cur_kwg = kwg; threadIdx.x = 128 * (kwg + 1);
+    for (int s = 0; s < 16; ++s) full_ok[s] = widened_ok[s] = false;
+    expected_step[0] = 0;
+    if (kwg == 0) consume<0>(p, ring, 6); else consume<1>(p, ring, 6);
+    for (int s = 0; s < 16; ++s) if (full_ok[s] || widened_ok[s]) FAIL("stage %d never released", s);
+  }
+  std::printf("ops %lld stored %d fails %d\n", ops, stored, fails);
+  return fails != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("scheme,m,dtype", [("w4a16-int4-g128", 4096, "bfloat16"), ("w4a16-int4-g128", 8192, "bfloat16"),
+                                            ("w4a16-int4-g128-zp", 4096, "float16"), ("w8a16-int8-channel", 1024, "bfloat16")])
+def test_widened_16bit_consumer_loop_on_the_host(scheme: str, m: int, dtype: str, tmp_path) -> None:
+    """The rendered 16-bit widened consume() run on the host with stubs for wgmma and the barriers, six units of a
+    few k tiles each: every wgmma's two descriptors decoded (swizzle, LBO / SBO bits; A = panel rows 64 (kTile0 + i)
+    of the stage's panel at the step's 32-byte offset, B = the same k16 step of the activation tile, same stage),
+    issued only after the stage's full and widened waits, accumulate = 0 exactly at a unit's first step, and no stage
+    released while an uncommitted or pending wgmma reads it, every acquired stage released, no epilogue with
+    wgmmas in flight."""
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) to run the rendered template")
+    layer, plan = _widened16(scheme, m, dtype=dtype)
+    assert plan.tuning.split_k == 1, "the stubs model whole tiles"
+    src = generate(plan)
+    cfg = cfg_namespace(src)
+    ring = src[src.index("struct Ring {"):]
+    ring = ring[:ring.index("};") + 2]
+    desc = re.search(r"__device__ __forceinline__ unsigned long long smem_descriptor.*?\n}\n", src, re.S).group(0)
+    astep = (re.search(r"constexpr int kAPanelBytes.*?\n", src).group(0)
+             + re.search(r"__device__ __forceinline__ unsigned long long a_step_descriptor.*?\n}\n", src, re.S).group(0))
+    consume = re.search(r"template <int kWg>\n__device__ __forceinline__ void consume\(.*?\n}\n", src, re.S).group(0)
+    harness = (CONSUMER_HOST.replace("NNN", str(plan.tuning.block_m)).replace("CFG", cfg)
+               .replace("RING_DESC", ring + "\n" + desc + astep) + consume + CONSUMER_MAIN)
+    (tmp_path / "consumer.cpp").write_text(harness)
+    exe = tmp_path / "consumer"
+    log = subprocess.run([CXX, "-std=c++17", "-O0", "-w", "-o", str(exe), str(tmp_path / "consumer.cpp")],
+                         capture_output=True, text=True)
+    assert log.returncode == 0, log.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and "fails 0" in run.stdout, run.stdout[-2000:]

@@ -1,6 +1,7 @@
 """compose() of the warp-specialized pipeline (sm_90a): a producer warpgroup (bulk copies of weights and group
 rows, cp.async of activations) feeding 1-2 consumer warpgroups that dequantize in registers and run wgmma with
-the weights as the register A operand, over a persistent grid.
+the weights as the register A operand, over a persistent grid; or (b_operand='widened') the producer warpgroup's
+warps 1-3 dequantize each stage into 16-bit panels and the consumers' wgmmas read both operands from shared memory.
 
 The weights keep the standard pipeline's layout (128-row blocks, two 64-row warp slices, 64-k chunks), so a layer
 whose small-M buckets run the standard pipeline shares one packed copy with these kernels: warp w of each consumer
@@ -48,7 +49,7 @@ PRODUCER_REGISTERS = 40
 # b_operand='widened': the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels (widen_unit), so
 # its setmaxnreg budget holds their dequantization chain (a chunk's words: 4 per bit of the weight; zero points),
 # and the consumers get what is left: weights of at most 4 bits without zero points, whose stage lies in one group,
-# fit 64 registers (NVRTC 13.0, no spills), the rest 96 (with 64, uint4 g128 with int zero points and int4 / MXFP4
+# fit 64 registers at 64-k stages (NVRTC 13.0, no spills), the rest 96 (with 64, uint4 g128 with int zero points and int4 / MXFP4
 # with groups of 32 spilled 8 bytes beside 176-token tiles)
 WIDEN_THREADS = 96
 WIDEN_REGISTERS, WIDEN_REGISTERS_WIDE = 64, 96
@@ -264,6 +265,8 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     if t.block_k not in (64, 128):
         reasons.append(f"tuning.block_k={t.block_k}: 64 or 128 (one or two 64-k chunks of the weight layout; the "
                        f"producer's activation rows keep their swizzle up to 16 chunks per row)")
+    if t.tokens_on != "n":
+        reasons.append(f"tuning.tokens_on={t.tokens_on!r}: with 16-bit activations the tokens are wgmma's N (swap-AB)")
     if t.b_operand == "shared":
         reasons.append(f"tuning.b_operand={t.b_operand!r}: with 16-bit activations the weights are dequantized, "
                        f"into the register operand ('registers') or shared-memory panels ('widened'); 'shared' "
@@ -289,6 +292,9 @@ def widened_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningCo
     layers and grouped MoE windows; indexed MoE rows are gathered by all producer threads' cp.asyncs), and tiles
     whose accumulators fit the consumers' smaller budget (widened_max_block_m)."""
     reasons = []
+    if tuning.block_k != 64:
+        reasons.append(f"b_operand='widened' with block_k={tuning.block_k}: 64-k stages (a stage's 16-bit panels take "
+                       f"block_n x block_k x 2 bytes: two 128-k stages do not fit shared memory from about 96 tokens)")
     if tuning.a_load != "tma" or compute.gemm == "indexed":
         reasons.append(f"b_operand='widened' with a_load={tuning.a_load!r}, gemm={compute.gemm!r}: the producer "
                        f"warpgroup's warp 0 alone copies, so the activations come by TMA (a_load='tma': dense layers "

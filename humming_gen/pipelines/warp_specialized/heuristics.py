@@ -296,7 +296,7 @@ def tokens_m_tuning(layer: LayerConfig, target: Target, tuning: TuningConfig, m_
 
 
 # 16-bit widened panels take block_n x block_k x 2 bytes a stage: 64-k stages keep three in shared memory beside
-# 176-token activation tiles (128-k ones leave room for two)
+# 176-token activation tiles (two 128-k stages do not fit from about 96 tokens; compose refuses other block_k)
 WIDENED_BLOCK_K_16 = 64
 
 
