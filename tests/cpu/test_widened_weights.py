@@ -360,6 +360,10 @@ def test_widened_16bit_refuses_gathered_rows_other_stages_and_tokens_on_m() -> N
         compose(layer, ComputeConfig(), attrs.evolve(base, block_k=128, stages=2), TARGET)
     with pytest.raises(ComposeError, match=re.escape("the tokens are wgmma's N")):
         compose(layer, ComputeConfig(), attrs.evolve(base, tokens_on="m"), TARGET)
+    wide = LayerConfig(n=4096, k=4096, scheme="w8a16-int8-channel")  # a 96-register widening: 200 for the consumers
+    tuning = attrs.evolve(widened_weight_tunings(wide, TARGET).for_m(8192), block_m=176)
+    with pytest.raises(ComposeError, match=re.escape("at most 160 tokens, whose accumulators fit the consumers' 200")):
+        compose(wide, ComputeConfig(), tuning, TARGET)
     with pytest.raises(ComposeError, match=re.escape("'shared' serves 8-bit weights x 8-bit activations")):
         compose(layer, ComputeConfig(), attrs.evolve(tuning, b_operand="shared", a_load="tma"), TARGET)
 

@@ -49,8 +49,8 @@ PRODUCER_REGISTERS = 40
 # b_operand='widened': the producer warpgroup's warps 1-3 dequantize each stage into 16-bit panels (widen_unit), so
 # its setmaxnreg budget holds their dequantization chain (a chunk's words: 4 per bit of the weight; zero points),
 # and the consumers get what is left: weights of at most 4 bits without zero points, whose stage lies in one group,
-# fit 64 registers at 64-k stages (NVRTC 13.0, no spills), the rest 96 (with 64, uint4 g128 with int zero points and int4 / MXFP4
-# with groups of 32 spilled 8 bytes beside 176-token tiles)
+# fit 64 registers at 64-k stages (NVRTC 13.0, no spills), the rest 96 (with 64, uint4 g128 with int zero points and
+# int4 / MXFP4 with groups of 32 spilled 8 bytes beside 176-token tiles)
 WIDEN_THREADS = 96
 WIDEN_REGISTERS, WIDEN_REGISTERS_WIDE = 64, 96
 REGISTER_FILE = 65536
@@ -299,11 +299,11 @@ def widened_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningCo
         reasons.append(f"b_operand='widened' with a_load={tuning.a_load!r}, gemm={compute.gemm!r}: the producer "
                        f"warpgroup's warp 0 alone copies, so the activations come by TMA (a_load='tma': dense layers "
                        f"and grouped MoE windows)")
-    most = widened_max_block_m(layer, tuning)
+    most, widening = widened_max_block_m(layer, tuning), producer_registers(layer, tuning)
     if tuning.block_m > most:
+        budget = consumer_registers(consumer_warpgroups(tuning), widening)
         reasons.append(f"b_operand='widened' with block_m={tuning.block_m}: at most {most} tokens, whose "
-                       f"accumulators fit the consumers' {consumer_registers(consumer_warpgroups(tuning), producer_registers(layer, tuning))} "
-                       f"registers beside the widening warps' {producer_registers(layer, tuning)}")
+                       f"accumulators fit the consumers' {budget} registers beside the widening warps' {widening}")
     return reasons
 
 
