@@ -178,11 +178,18 @@ class WeightWidenDequant(Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
 
 
+def ring_barrier_bytes(widened: bool) -> int:
+    """Bytes of a ring stage's mbarriers after the stages: full and empty, and widened where the producer
+    warpgroup widens the weights (padded to 32, so the epilogue staging after them stays 16-byte aligned for stmatrix
+    and vector loads whatever the stage count)."""
+    return 32 if widened else 16
+
+
 class RingSkeleton:
     """What both warp-specialized skeletons share through the ring, producer and kernel-entry partials
     (ring_producer, kernel_entry): the symbols those partials define and call, their PTX, and the template context
-    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped, staged_store, cluster_m
-    and cluster_n."""
+    they read. A skeleton component has the fields pdl, split_k, expert_tensors, grouped, staged_store, cluster_m,
+    cluster_n and widened."""
 
     RING_NEEDS: ClassVar[frozenset[str]] = frozenset({
         "Params", "TileCoord", "unit_count", "unit_coord", "smem_address", "mbarrier_init", "fence_barrier_init",
@@ -229,15 +236,16 @@ class RingSkeleton:
     def ring_context(self, a_type: str, a_origin: str) -> dict:
         """(a_bulk, the activation tile by one bulk copy, and a_tma, by TMA through a tensor map, are False unless the
         skeleton sets them.)"""
-        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "widened": False, "moe": self.moe,
-                "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
+        return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "widened": self.widened,
+                "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
                 "release_stage": ("release_stage(ring, stage)" if self.clustered
                                   else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
                 # store_output's last argument: this consumer warp's staging buffer
-                "staging_arg": (", ring.smem + cfg::kStages * (cfg::kStageBytes + 16) + "
-                                "(kWg * 4 + w) * cfg::kStagingBytes" if self.staged_store else "")}
+                "staging_arg": (f", ring.smem + cfg::kStages * (cfg::kStageBytes + "
+                                f"{ring_barrier_bytes(self.widened)}) + (kWg * 4 + w) * cfg::kStagingBytes"
+                                if self.staged_store else "")}
 
 
 @attrs.frozen
@@ -299,11 +307,10 @@ class WarpSpecializedPipeline(RingSkeleton, Component):
                      if p != "async_proxy_fence" or self.widened)
 
     def extra_context(self) -> dict:
-        ring = self.ring_context("u16", "activations may come from the previous kernel")
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}, "banded": False,
-                "activation_scales": False, **ring, "a_tma": self.a_tma, "producer_cp_async": not self.a_tma,
-                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 32")}
-                   if self.widened else {})}
+                "activation_scales": False,
+                **self.ring_context("u16", "activations may come from the previous kernel"),
+                "a_tma": self.a_tma, "producer_cp_async": not self.a_tma}
 
 
 @attrs.frozen
@@ -418,7 +425,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         partial = "static_cast<float>(part[j][i])" if self.integer else "part[j][i]"
         if self.tokens_m:  # a thread's two token rows: scales s[0], s[1] of each promotion (weight scale folded in)
             factors = " * s[i / 2]" if self.weight_groups or self.activation_groups else ""
-        ring = self.ring_context("unsigned char", "activation codes and scales come from the previous kernel")
         return {"promote_expr": partial + factors, "mma_n": self.mma_n, "promote_in_loop": self.promote_in_loop,
                 "group_scales": self.weight_groups or self.activation_groups,
                 "staged_scales": self.weight_groups or self.staged_activation_scales,
@@ -431,8 +437,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "gather": self.gather, "a_scale_row": "row" if self.gather else "m",
                 "a_scale_valid": "row >= 0" if self.gather else "m < p.m", "consumer_warpgroups": 2,
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
-                **ring,
+                **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
-                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float",
-                **({"widened": True, "staging_arg": ring["staging_arg"].replace("kStageBytes + 16", "kStageBytes + 32")}
-                   if self.widened else {})}
+                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}

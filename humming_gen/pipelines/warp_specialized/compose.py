@@ -34,7 +34,7 @@ from humming_gen.pipelines.common import (SHARED_LAYOUT, arbitrary_group_size, c
 from humming_gen.pipelines.standard.moe import expert_bytes, expert_tensors, moe_name_suffix, moe_reasons
 from humming_gen.pipelines.warp_specialized.components import (ATileSw128CpAsync, ATileTma,
                                                                WarpSpecializedPipeline, WeightStageBulk,
-                                                               WeightWidenDequant)
+                                                               WeightWidenDequant, ring_barrier_bytes)
 from humming_gen.schemes.packing import BLayout
 from humming_gen.targets import Target
 
@@ -111,10 +111,7 @@ class SmemPlan:
 
     @property
     def barriers(self) -> int:
-        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup dequantizes (padded to
-        32, so the epilogue staging after them stays 16-byte aligned for stmatrix and vector loads whatever the
-        stages)."""
-        return 32 if self.widened else 16
+        return ring_barrier_bytes(bool(self.widened))
 
     @property
     def total(self) -> int:  # + barriers + staging + alignment slack

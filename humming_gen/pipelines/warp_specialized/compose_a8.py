@@ -57,7 +57,7 @@ from humming_gen.pipelines.warp_specialized.compose import (GROUPED_GEMMS, MOE_G
                                                             staging_bytes)
 from humming_gen.pipelines.warp_specialized.components import (ActivationScalesStage, ATilePanelsBulk,
                                                                ATileSw128CpAsync, WarpSpecializedA8Pipeline,
-                                                               WeightStageBulk, WeightWiden)
+                                                               WeightStageBulk, WeightWiden, ring_barrier_bytes)
 from humming_gen.schemes.packing import BLayout8, BLayoutNibble8, BLayoutSw128
 from humming_gen.schemes.quantize import PANEL_K
 from humming_gen.targets import Target
@@ -67,11 +67,9 @@ SLICE_K = SHARED_LAYOUT["warp_k"]
 WARPGROUPS = 2  # one per 64-row warp slice of the layout block
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
-# b_operand='widened': warps 1-3 of the producer warpgroup widen nibbles (widen_unit), so the warpgroup's setmaxnreg
-# budget holds their lookups and addresses (56 spills 12 bytes); the consumers get what is left (consumer_registers:
-# 216 of the 3 x 168 the CTA holds)
-WIDEN_THREADS = 96
-WIDEN_REGISTERS = 64
+# b_operand='widened': warps 1-3 of the producer warpgroup (ws_compose.WIDEN_THREADS) widen nibbles (widen_unit) in
+# ws_compose.WIDEN_REGISTERS, their lookups and addresses (56 spills 12 bytes); the consumers get what is left
+# (consumer_registers: 216 of the 3 x 168 the CTA holds)
 SMEM_ALIGN = 1024
 MAX_BLOCK_M = 192  # fp32 accumulators and partial sums: block_m registers of a consumer thread's 232
 # int8 x int8 with channel scales keeps one set of s32 sums over the whole of K (no promotion): block_m / 2 registers,
@@ -125,9 +123,7 @@ class SmemPlanA8:
 
     @property
     def barriers(self) -> int:
-        """Bytes of a stage's mbarriers: full and empty, and widened where the producer warpgroup widens (padded to 32,
-        so the epilogue staging after them stays 16-byte aligned for stmatrix and vector loads whatever the stages)."""
-        return 32 if self.widened else 16
+        return ring_barrier_bytes(bool(self.widened))
 
     @property
     def total(self) -> int:
@@ -198,7 +194,7 @@ def shared_memory(layer: LayerConfig, tuning: TuningConfig) -> SmemPlanA8:
 
 
 def producer_registers(tuning: TuningConfig) -> int:
-    return WIDEN_REGISTERS if tuning.b_operand == "widened" else PRODUCER_REGISTERS
+    return ws_compose.WIDEN_REGISTERS if tuning.b_operand == "widened" else PRODUCER_REGISTERS
 
 
 def consumer_registers(tuning: TuningConfig | None = None) -> int:
@@ -286,37 +282,42 @@ def tuning_reasons(tuning: TuningConfig) -> list[str]:
     return reasons
 
 
+def shared_operand_reasons(compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
+    """What weights read by wgmma from shared memory need whatever their packing (b_operand 'shared' or 'widened'): a
+    dense GEMM and no cluster."""
+    t = tuning
+    reasons = []
+    if compute.gemm in MOE_GEMMS:
+        reasons.append(f"b_operand={t.b_operand!r} with gemm={compute.gemm!r}: MoE GEMMs read the weights from "
+                       f"registers (their small buckets run the standard pipeline on the register layout)")
+    if t.cluster_m * t.cluster_n > 1:
+        reasons.append(f"b_operand={t.b_operand!r} with cluster={t.cluster_m}x{t.cluster_n}: generated without "
+                       f"clusters")
+    return reasons
+
+
 def shared_weight_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
     """What b_operand='shared' (wgmma reads the weights from shared memory, packed in BLayoutSw128) needs: 8-bit
-    weight codes as the MMA multiplies them, a dense GEMM, no cluster."""
-    t = tuning
+    weight codes as the MMA multiplies them, and shared_operand_reasons."""
     reasons = []
     if standard_a8.nibble_order(layer) is not None:
         reasons.append(f"b_operand='shared' with {layer.scheme.weight.name} weights: the shared-memory operand is "
-                       f"the stored 8-bit codes (weights of at most 4 bits widen in registers: b_operand='registers')")
-    if compute.gemm in MOE_GEMMS:
-        reasons.append(f"b_operand='shared' with gemm={compute.gemm!r}: MoE GEMMs read the weights from registers "
-                       f"(their small buckets run the standard pipeline on the BLayout8 copy)")
-    if t.cluster_m * t.cluster_n > 1:
-        reasons.append(f"b_operand='shared' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
-    return reasons
+                       f"the stored 8-bit codes (weights of at most 4 bits widen in registers: b_operand='registers', "
+                       f"or into shared memory: 'widened')")
+    return reasons + shared_operand_reasons(compute, tuning)
 
 
 def widened_reasons(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig) -> list[str]:
     """What b_operand='widened' (the producer warpgroup's warps 1-3 widen each stage's nibbles into a BLayoutSw128
-    panel that wgmma reads) needs: weights of at most 4 bits in the register kernels' nibble layout, a dense GEMM
-    without clusters, and a producer whose warp 0 alone copies: activation codes by bulk copy (a_load='tma') with no
-    cp.async-staged activation scales; one 128-row layout block a tile."""
+    panel that wgmma reads) needs: weights of at most 4 bits in the register kernels' nibble layout,
+    shared_operand_reasons, and a producer whose warp 0 alone copies: activation codes by bulk copy (a_load='tma')
+    with no cp.async-staged activation scales; one 128-row layout block a tile."""
     t = tuning
     reasons = []
     if standard_a8.nibble_order(layer) is None:
         reasons.append(f"b_operand='widened' with {layer.scheme.weight.name} weights: nibbles (weights of at most 4 "
                        f"bits) are widened; 8-bit weights are read from shared memory as stored (b_operand='shared')")
-    if compute.gemm in MOE_GEMMS:
-        reasons.append(f"b_operand='widened' with gemm={compute.gemm!r}: dense GEMMs only (MoE kernels read the "
-                       f"weights from registers)")
-    if t.cluster_m * t.cluster_n > 1:
-        reasons.append(f"b_operand='widened' with cluster={t.cluster_m}x{t.cluster_n}: generated without clusters")
+    reasons += shared_operand_reasons(compute, t)
     if t.a_load != "tma":
         reasons.append(f"b_operand='widened' with a_load={t.a_load!r}: the producer warpgroup's warp 0 alone copies, "
                        f"so the activation codes come by one bulk copy a stage (a_load='tma')")
@@ -540,7 +541,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     ] + ([("kBPanelBytes", BLOCK_N * 128, "one 128-row x 128-k panel of BLayoutSw128 weights"),
           ("kBPanelOffset", smem.panel_offset if widened else smem.a, "a stage's weight panels"
            + (", widened from its nibbles" if widened else ", after its activation codes"))] if shared_weights
-         else []) + ([("kWidenThreads", WIDEN_THREADS, "warps 1-3 of the producer warpgroup")] if widened else []) + [
+         else []) + ([("kWidenThreads", ws_compose.WIDEN_THREADS, "warps 1-3 of the producer warpgroup")]
+                     if widened else []) + [
         ("kSlicesPerStage", t.block_k // SLICE_K, ""),
         ("kSlicesPerN", k_pad // SLICE_K, "64-k slices per layout block of the packed weight"),
         ("kSmemAlign", SMEM_ALIGN, ""),
