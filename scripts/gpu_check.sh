@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the project, run the GPU tests, the sanitizers on a sample, and the benchmark.
 # Usage (on a GPU machine, from the repository root): scripts/gpu_check.sh [pytest -k expression]
+# HG_TEST_PATHS (default tests/gpu), HG_PYTEST_ARGS (default -q; -v names each
+# test as it ends, which a timed-out run still shows), HG_XDIST (workers, default 8).
 # Switches (1 = on): HG_SANITIZE, HG_SMOKE (bench command, examples, MoE timing, eager gap), HG_A8_BENCH, HG_BENCH.
 # The whole of it takes more than one 600 s call: e.g. HG_SANITIZE=0 HG_BENCH=0 HG_A8_BENCH=0 first, then the rest
 # with an empty -k expression that selects nothing ("-k nothing_at_all").
@@ -9,6 +11,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HUMMING_GEN_CACHE_DIR=${HUMMING_GEN_CACHE_DIR:-/tmp/hg-cache}
+export HG_FAILURE_LOG=${HG_FAILURE_LOG:-$OUT/gpu-test-failures.log}  # tracebacks as they happen (tests/conftest.py)
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}; fi
 python3 -m pip install -e . --no-deps --no-build-isolation > "$OUT/install.log" 2>&1 || tail -n 5 "$OUT/install.log"
@@ -17,10 +20,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 # pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU: about 4 minutes for the whole suite
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${HG_XDIST:-8}")
 # (under `timeout`: a kernel that hangs on a barrier would otherwise take the whole device call; HG_TEST_TIMEOUT s)
-timeout "${HG_TEST_TIMEOUT:-480}" python3 -m pytest tests/gpu -q -p no:cacheprovider $XDIST ${1:+-k "$1"} \
+timeout "${HG_TEST_TIMEOUT:-480}" python3 -m pytest ${HG_TEST_PATHS:-tests/gpu} ${HG_PYTEST_ARGS:--q} -p no:cacheprovider $XDIST ${1:+-k "$1"} \
   --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests-full.log" 2>&1
 echo "pytest rc=$? (124: timed out)" >> "$OUT/gpu-tests-full.log"
-grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests-full.log" | head -n 30
+grep -E "(^| )(FAILED|ERROR) " "$OUT/gpu-tests-full.log" | head -n 30
 tail -n 12 "$OUT/gpu-tests-full.log" | tee "$OUT/gpu-tests.log"
 if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck synccheck; do

@@ -18,3 +18,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With HG_FAILURE_LOG set, append each failure's traceback as it happens: a device call cut by `timeout`
+    never reaches pytest's summary, and under xdist the tracebacks only print there."""
+    import os
+
+    path = os.environ.get("HG_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")

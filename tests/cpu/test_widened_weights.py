@@ -69,6 +69,17 @@ def test_widened_kernels_compile_without_spills(scheme: str, fold: bool, m: int,
     assert "wgmma_m64n" in src and "f32.e4m3.e4m3" in src if scheme.endswith("fp8") else ".s32.s8.s8" in src
 
 
+@pytest.mark.parametrize("tokens_m_from", [None, 1])
+def test_folded_stores_multiply_by_the_rows_factor(tokens_m_from) -> None:
+    """Folded group scales leave each weight row's 2^r in out_scale: both stores (weights on wgmma's M, and the token
+    rows' store of tokens_on='m') must multiply by it. (The token rows' store once dropped it: errors of 100x on the
+    GPU, which no host run of the widening sees.)"""
+    for m in (1, 1024):
+        _, plan = _widened("w4a8-mxfp4-fp8", m, fold=True, tokens_m_from=tokens_m_from)
+        assert (plan.tuning.tokens_on == "m") == (tokens_m_from is not None)
+        assert "static_cast<const float*>(p.out_scale)[n]" in generate(plan), plan.kernel_name
+
+
 @pytest.mark.parametrize("scheme,m,fold", [("w4a8-mxfp4-fp8", 1024, True), ("w4a16-int4-g128", 1024, False),
                                            ("w4a16-int4-g128-zp", 4096, False)])
 def test_widening_warps_barriers_and_registers(scheme: str, m: int, fold: bool) -> None:

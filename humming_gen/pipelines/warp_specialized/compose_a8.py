@@ -470,7 +470,8 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     staged = staged_store(layer, t) and compute.topk_reduce is None  # (atomic top-k reduction: unstaged adds)
     if tokens_m:  # dense whole tiles of token rows (tokens_m_reasons)
-        epilogue.append(StoreOutputRows(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s),
+        epilogue.append(StoreOutputRows(dtype=layer.dtype, out_dtype=layer.out_dtype,
+                                        out_scale=has_out_scale(s) or fold,  # folded: the rows' 2^r
                                         bias=layer.has_bias, token_scale="" if agroups else a.granularity))
     else:
         epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
