@@ -17,7 +17,9 @@ if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile
 python3 -m pip install -e . --no-deps --no-build-isolation > "$OUT/install.log" 2>&1 || tail -n 5 "$OUT/install.log"
 export PYTHONPATH=$PWD:${PYTHONPATH:-}  # the checkout wins even where the editable install could not be made
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-# pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU: about 4 minutes for the whole suite
+# pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU. The whole suite (1452 tests) took over
+# 500 s cold on 2026-12-04: give it two calls (HG_TEST_PATHS="tests/gpu --ignore=..."). More workers do not fit:
+# at 16, tests that each hold up to 20 GiB failed with torch.OutOfMemoryError (132 of them); HG_FAILURE_LOG says why.
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${HG_XDIST:-8}")
 # (under `timeout`: a kernel that hangs on a barrier would otherwise take the whole device call; HG_TEST_TIMEOUT s)
 timeout "${HG_TEST_TIMEOUT:-480}" python3 -m pytest ${HG_TEST_PATHS:-tests/gpu} ${HG_PYTEST_ARGS:--q} -p no:cacheprovider $XDIST ${1:+-k "$1"} \

@@ -308,9 +308,9 @@ def widened_weight_tunings(layer: LayerConfig, target: Target, widened_from: int
     `tokens_m_from` rows on with the tokens on wgmma's M, one 128-row layout block a tile), or any weights x 16-bit
     activations dequantized to 16-bit panels (compose.widened_reasons: dense layers and grouped MoE windows, whose
     activations come by TMA; WIDENED_BLOCK_K_16 stages). The other buckets keep the heuristics' register kernels;
-    all read one packed copy. Opt-in (not measured yet): the register kernels' consumers widen or dequantize on their
-    own issue slots between wgmmas (README, Speed: W4A16 at M = 4096 833 -> 679 us with a one-instruction
-    dequantization). ValueError where no bucket can widen."""
+    all read one packed copy. Opt-in, and measured slower on the H200 (bench/widened_bench.py, 8192², M = 4096:
+    W4A16 int4 g128 726.2 us default, 1139.5 widened; W4A8 MXFP4 542.7 / 808.5): three widening warps are the
+    critical path (docs/DEVELOPING.md). ValueError where no bucket can widen."""
     if layer.scheme.activation is None:
         return _widened_16bit(layer, target, widened_from)
     from humming_gen.config import ComputeConfig
