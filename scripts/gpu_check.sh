@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call: install the project, run the GPU tests, the sanitizers on a sample, and the benchmark.
 # Usage (on a GPU machine, from the repository root): scripts/gpu_check.sh [pytest -k expression]
-# HG_TEST_PATHS (default tests/gpu), HG_PYTEST_ARGS (default -q; -v names each
-# test as it ends, which a timed-out run still shows), HG_XDIST (workers, default 8).
+# Tests: HG_TEST_PATHS (default tests/gpu); HG_TEST_PART=I/N (part I of N of the files, dealt by test counts);
+# HG_PYTEST_ARGS (default -q; -v names each test as it ends, which a timed-out run still shows); HG_XDIST (workers,
+# default 8); HG_FAILURE_LOG (default $OUT/gpu-test-failures.log: each failure's traceback as it happens).
 # Switches (1 = on): HG_SANITIZE, HG_SMOKE (bench command, examples, MoE timing, eager gap), HG_A8_BENCH, HG_BENCH.
-# The whole of it takes more than one 600 s call: e.g. HG_SANITIZE=0 HG_BENCH=0 HG_A8_BENCH=0 first, then the rest
-# with an empty -k expression that selects nothing ("-k nothing_at_all").
+# The whole of it takes more than one 600 s call: e.g. HG_TEST_PART=1/2 HG_SANITIZE=0 HG_SMOKE=0 HG_A8_BENCH=0
+# HG_BENCH=0 first, then HG_TEST_PART=2/2 with the rest, or the rest alone with a -k expression that selects no test
+# ("nothing_at_all").
 # Full results land in $OUT (default ./out); the short benchmark table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -18,9 +20,10 @@ python3 -m pip install -e . --no-deps --no-build-isolation > "$OUT/install.log" 
 export PYTHONPATH=$PWD:${PYTHONPATH:-}  # the checkout wins even where the editable install could not be made
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU. The whole suite (1452 tests) took over
-# 500 s cold on 2026-12-04: give it two calls (HG_TEST_PATHS="tests/gpu --ignore=..."). More workers do not fit:
+# 500 s cold on 2026-12-04: give it two calls (HG_TEST_PART=1/2, then 2/2). More workers do not fit:
 # at 16, tests that each hold up to 20 GiB failed with torch.OutOfMemoryError (132 of them); HG_FAILURE_LOG says why.
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${HG_XDIST:-8}")
+if [ -n "${HG_TEST_PART:-}" ]; then HG_TEST_PATHS=$(python3 scripts/gpu_test_part.py "$HG_TEST_PART") || exit 2; fi
 # (under `timeout`: a kernel that hangs on a barrier would otherwise take the whole device call; HG_TEST_TIMEOUT s)
 timeout "${HG_TEST_TIMEOUT:-480}" python3 -m pytest ${HG_TEST_PATHS:-tests/gpu} ${HG_PYTEST_ARGS:--q} -p no:cacheprovider $XDIST ${1:+-k "$1"} \
   --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests-full.log" 2>&1
