@@ -162,6 +162,27 @@ def gated_activation(h: torch.Tensor, activation: str = "silu_mul", gate_up_layo
     return (up + 1) * gate * torch.sigmoid(swiglu_alpha * gate)
 
 
+def routed_rows_gemm(a: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Row i of the result is a[i] @ w[experts[i]]^T (+ bias[experts[i]]) in float64: a (R, K), w (E, N, K), experts
+    (R,) local expert ids in [0, E), bias (E, N). One matmul per used expert, so memory stays that of the inputs and
+    the (R, N) result (gathering w per row would take R x N x K x 8 bytes: 20 GiB for a 10k-row test case)."""
+    if a.dim() != 2 or w.dim() != 3 or experts.shape != (a.shape[0],) or a.shape[1] != w.shape[2]:
+        raise ValueError(f"routed_rows_gemm: a (R, K), w (E, N, K), experts (R,); got {tuple(a.shape)}, "
+                         f"{tuple(w.shape)}, {tuple(experts.shape)}")
+    used = torch.unique(experts).tolist()
+    if used and not 0 <= used[0] <= used[-1] < w.shape[0]:
+        raise ValueError(f"routed_rows_gemm: experts must lie in [0, {w.shape[0]}) (drop skipped rows first), got "
+                         f"ids from {used[0]} to {used[-1]}")
+    f64 = torch.float64
+    out = torch.empty(a.shape[0], w.shape[1], dtype=f64, device=a.device)
+    for e in used:
+        rows = torch.nonzero(experts == e, as_tuple=True)[0]
+        y = a[rows].to(f64) @ w[e].to(f64).T
+        out[rows] = y if bias is None else y + bias[e].to(f64)
+    return out
+
+
 def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor, *, activation: str = "silu_mul", gate_up_layout: str = "split",
                         expert_map: torch.Tensor | None = None, bias13: torch.Tensor | None = None,

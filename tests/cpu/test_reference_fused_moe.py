@@ -132,3 +132,25 @@ def test_errors(kwargs, message):
         hg.reference_fused_moe(x, w13, w2[:, :, :-1], weights, ids)
     with pytest.raises(ValueError, match="must both be"):
         hg.reference_fused_moe(x, w13, w2, weights[:, :2], ids)
+
+
+def test_routed_rows_gemm_matches_the_gathered_einsum() -> None:
+    """One matmul per expert, the same rows as gathering each row's expert weight (what the GPU tests did before,
+    at R x N x K x 8 bytes)."""
+    from humming_gen.reference.moe import routed_rows_gemm
+
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(37, 24, generator=g).bfloat16()
+    w = torch.randn(5, 16, 24, generator=g)
+    bias = torch.randn(5, 16, generator=g)
+    experts = torch.randint(0, 5, (37,), generator=g)
+    experts[:3] = 4  # unsorted, repeated, one expert unused at most by chance
+    want = torch.einsum("ak,ank->an", a.double(), w.double()[experts]) + bias.double()[experts]
+    got = routed_rows_gemm(a, w, experts, bias)
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(routed_rows_gemm(a, w, experts), want - bias.double()[experts], rtol=1e-12, atol=1e-12)
+    assert routed_rows_gemm(a[:0], w, experts[:0]).shape == (0, 16)
+    with pytest.raises(ValueError, match=r"experts must lie in \[0, 5\)"):
+        routed_rows_gemm(a, w, torch.where(experts == 2, -1, experts))
+    with pytest.raises(ValueError, match="a \\(R, K\\), w \\(E, N, K\\)"):
+        routed_rows_gemm(a, w[:, :, :8], experts)

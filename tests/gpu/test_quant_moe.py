@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.reference.moe import local_experts, reference_fused_moe
+from humming_gen.reference.moe import local_experts, reference_fused_moe, routed_rows_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -121,11 +121,8 @@ def test_indexed_gemm_writes_exactly_the_routed_rows(case):
     gemm1.moe(x, h, routing, top_k)
     expert = local_experts(ids, moe.num_experts).reshape(-1)
     routed = expert >= 0
-    w13 = q13.dequantize().double()
-    ref = torch.einsum("ak,ank->an", x.double()[torch.arange(m * top_k, device="cuda") // top_k][routed],
-                       w13[expert[routed]])
-    if b13 is not None:
-        ref = ref + b13.double()[expert[routed]]
+    ref = routed_rows_gemm(x[torch.arange(m * top_k, device="cuda") // top_k][routed], q13.dequantize(),
+                           expert[routed], b13)
     assert torch.isfinite(h[routed]).all(), "a routed row was not written"
     assert torch.isnan(h[~routed]).all(), "a dropped assignment's row was written"
     assert _rel(h[routed], ref) < TOLERANCE[dtype]
@@ -265,8 +262,7 @@ def test_fused_gated_epilogue(activation, layout):
     expert = local_experts(ids, e).reshape(-1)
     routed = expert >= 0
     rows = (torch.arange(m * top_k, device="cuda") // top_k)[routed]
-    pre = torch.einsum("ak,ank->an", x.double()[rows], q13.dequantize().double()[expert[routed]])
-    ref = gated_activation(pre + b13.double()[expert[routed]], activation, layout)
+    ref = gated_activation(routed_rows_gemm(x[rows], q13.dequantize(), expert[routed], b13), activation, layout)
     assert torch.isfinite(out[routed]).all() and torch.isnan(out[~routed]).all()
     assert _rel(out[routed], ref) < TOLERANCE[torch.bfloat16]
 

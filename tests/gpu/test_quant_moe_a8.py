@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.reference.moe import local_experts, reference_fused_moe
+from humming_gen.reference.moe import local_experts, reference_fused_moe, routed_rows_gemm
 from test_quant_moe import _rel, _routing, capture_without_sync
 
 pytestmark = pytest.mark.gpu
@@ -143,15 +143,6 @@ def test_quant_moe_a8_fp16_expert_map_and_dropped_tokens(preset: str) -> None:
     check_expert_map(moe, q13, q2, b13, b2, poisoned=False)
 
 
-def _per_expert(a, expert, w):
-    """Row r of `a` times the weight of expert[r] (float64), one matmul per expert."""
-    out = torch.empty(a.shape[0], w.shape[1], dtype=torch.float64, device=a.device)
-    for j in torch.unique(expert).tolist():
-        sel = expert == j
-        out[sel] = a[sel] @ w[j].T
-    return out
-
-
 def _check_rows(out, ref, dtype, what):
     y = out.double()
     assert torch.isfinite(y).all(), f"{what}: a routed row was not written"
@@ -185,7 +176,7 @@ def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int
         routed = expert >= 0
         rows = (torch.arange(m * top_k, device="cuda") // top_k)[routed]
         xq = act.quantize(x).dequantize(torch.float64)
-        ref = _per_expert(xq[rows], expert[routed], w13) + b13.double()[expert[routed]]
+        ref = routed_rows_gemm(xq[rows], w13, expert[routed], b13)
         assert torch.isnan(h[~routed]).all(), f"m={m}: a dropped assignment's row was written"
         _check_rows(h[routed], ref, torch.bfloat16, f"{what} w13 m={m} block_m={bm}")
         a = torch.randn(m * top_k, I, device="cuda").bfloat16()
@@ -193,8 +184,7 @@ def check_routed_gemms(moe, q13, q2, b13, b2, ms, routing, what: str) -> set[int
         hg.moe_gemm(a, moe, "w2", r.sorted_ids, r.expert_ids, r.num_tokens_post_pad, top_k=1, block_m=bm,
                     topk_weights=weights.reshape(-1), out=y)
         aq = act.quantize(a).dequantize(torch.float64)
-        ref2 = ((_per_expert(aq[routed], expert[routed], w2) + b2.double()[expert[routed]])
-                * weights.reshape(-1).double()[routed, None])
+        ref2 = routed_rows_gemm(aq[routed], w2, expert[routed], b2) * weights.reshape(-1).double()[routed, None]
         assert torch.isnan(y[~routed]).all(), f"m={m}: a dropped assignment's row was written (w2)"
         _check_rows(y[routed], ref2, torch.bfloat16, f"{what} w2 m={m} block_m={bm}")
     return tiles

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.reference.moe import local_experts, reference_fused_moe
+from humming_gen.reference.moe import local_experts, reference_fused_moe, routed_rows_gemm
 from test_quant_moe import TOLERANCE, _rel, _routing, capture_without_sync, quantized_experts
 from test_quant_moe_a8 import LAYER_TOLERANCE
 from test_quant_moe_a8 import _reference as a8_reference
@@ -101,14 +101,12 @@ def test_split_k_gemms_write_exactly_the_routed_rows(m, split):
     rows = torch.arange(m * TOP_K, device="cuda")
     h = torch.full((m * TOP_K, 2 * I), float("nan"), dtype=dtype, device="cuda")
     gemm1.moe(x, h, routing, TOP_K)
-    ref1 = torch.einsum("ak,ank->an", x.double()[rows // TOP_K][routed], q13.dequantize().double()[expert[routed]])
-    ref1 = ref1 + b13.double()[expert[routed]]
+    ref1 = routed_rows_gemm(x[rows // TOP_K][routed], q13.dequantize(), expert[routed], b13)
     a2 = torch.randn(m * TOP_K, I, device="cuda").to(dtype)
     y = torch.full((m * TOP_K, H), float("nan"), dtype=dtype, device="cuda")
     flat = weights.reshape(-1).float().contiguous()
     gemm2.moe(a2, y, routing, 1, flat)
-    ref2 = (torch.einsum("ak,ank->an", a2.double()[routed], q2.dequantize().double()[expert[routed]])
-            + b2.double()[expert[routed]]) * flat.double()[routed, None]
+    ref2 = routed_rows_gemm(a2[routed], q2.dequantize(), expert[routed], b2) * flat.double()[routed, None]
     splits = (gemm1.kernel.plan.tuning.split_k, gemm2.kernel.plan.tuning.split_k)
     for name, out, ref in (("GEMM1", h, ref1), ("GEMM2", y, ref2)):
         assert torch.isfinite(out[routed]).all(), f"{name} (splits {splits}): a routed row was not written"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import humming_gen as hg
-from humming_gen.reference.moe import local_experts, reference_fused_moe
+from humming_gen.reference.moe import local_experts, reference_fused_moe, routed_rows_gemm
 from test_quant_moe import _rel, _routing, capture_without_sync
 
 pytestmark = pytest.mark.gpu
@@ -109,9 +109,7 @@ def test_warp_specialized_gemms_write_exactly_the_routed_rows(case, rows):
 
     h = torch.full((m * top_k, 2 * moe.intermediate), float("nan"), dtype=dtype, device="cuda")
     gemm1.moe(x, h, routing, top_k)
-    ref1 = torch.einsum("ak,ank->an", x.double()[rows], q13.dequantize().double()[expert[routed]])
-    if b13 is not None:
-        ref1 = ref1 + b13.double()[expert[routed]]
+    ref1 = routed_rows_gemm(x[rows], q13.dequantize(), expert[routed], b13)
     assert torch.isfinite(h[routed]).all(), "a routed row of GEMM1 was not written"
     assert torch.isnan(h[~routed]).all(), "GEMM1 wrote a dropped assignment's row"
     assert _rel(h[routed], ref1) < TOLERANCE[dtype]
@@ -120,10 +118,7 @@ def test_warp_specialized_gemms_write_exactly_the_routed_rows(case, rows):
     y = torch.full((m * top_k, moe.hidden), float("nan"), dtype=dtype, device="cuda")
     flat = weights.reshape(-1).float().contiguous()
     gemm2.moe(a2, y, routing, 1, flat)
-    ref2 = torch.einsum("ak,ank->an", a2.double()[routed], q2.dequantize().double()[expert[routed]])
-    if b2 is not None:
-        ref2 = ref2 + b2.double()[expert[routed]]
-    ref2 = ref2 * flat.double()[routed, None]
+    ref2 = routed_rows_gemm(a2[routed], q2.dequantize(), expert[routed], b2) * flat.double()[routed, None]
     assert torch.isfinite(y[routed]).all(), "a routed row of GEMM2 was not written"
     assert torch.isnan(y[~routed]).all(), "GEMM2 wrote a dropped assignment's row"
     assert _rel(y[routed], ref2) < TOLERANCE[dtype]
