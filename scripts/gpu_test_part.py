@@ -8,6 +8,7 @@ far), so the parts hold about as many tests each; a file is never split. Determi
 
 from __future__ import annotations
 
+import argparse
 import collections
 import subprocess
 import sys
@@ -24,12 +25,15 @@ def parts(counts: dict[str, int], n: int) -> list[list[str]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", help="I/N: part I of N parts, 1 <= I <= N (e.g. 1/2)")
+    args = parser.parse_args()
     try:
-        i, n = (int(v) for v in sys.argv[1].split("/"))
+        i, n = (int(v) for v in args.part.split("/"))
         if not 1 <= i <= n:
             raise ValueError
-    except (IndexError, ValueError):
-        raise SystemExit(f"usage: {sys.argv[0]} I/N with 1 <= I <= N (e.g. 1/2), got {sys.argv[1:]}") from None
+    except ValueError:
+        parser.error(f"part must be I/N with 1 <= I <= N (e.g. 1/2), got {args.part!r}")
     collect = [sys.executable, "-m", "pytest", "tests/gpu", "--collect-only", "-q", "-p", "no:cacheprovider"]
     out = subprocess.run(collect, capture_output=True, text=True).stdout
     counts = collections.Counter(line.split("::")[0] for line in out.splitlines() if "::" in line)
