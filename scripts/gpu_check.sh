@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 # pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU. The whole suite (1452 tests) took over
 # 500 s cold on 2026-12-04: give it two calls (HG_TEST_PART=1/2, then 2/2). More workers do not fit:
 # at 16 (2026-12-04) 132 tests failed with torch.OutOfMemoryError beside the MoE tests' float64 references, one of
-# which took 20 GiB; those references are per expert since (reference.moe.routed_rows_gemm), not yet tried at 16.
+# which took 20 GiB; they now run one matmul per expert (reference.moe.routed_rows_gemm), not yet tried at 16.
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${HG_XDIST:-8}")
 if [ -n "${HG_TEST_PART:-}" ]; then HG_TEST_PATHS=$(python3 scripts/gpu_test_part.py "$HG_TEST_PART") || exit 2; fi
 # (under `timeout`: a kernel that hangs on a barrier would otherwise take the whole device call; HG_TEST_TIMEOUT s)

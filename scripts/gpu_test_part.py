@@ -39,7 +39,10 @@ def main() -> None:
     counts = collections.Counter(line.split("::")[0] for line in out.splitlines() if "::" in line)
     if not counts:
         raise SystemExit("no GPU tests collected:\n" + out[-2000:])
-    print(" ".join(parts(dict(counts), n)[i - 1]))
+    part = parts(dict(counts), n)[i - 1]
+    if not part:  # (an empty list would leave gpu_check.sh's default: the whole suite)
+        parser.error(f"part {i}/{n}: more parts than the {len(counts)} GPU test files")
+    print(" ".join(part))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Shared pytest setup: tests marked ``gpu`` are skipped on machines without a CUDA device."""
 
+import os
+
 import pytest
 
 
@@ -23,8 +25,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With HG_FAILURE_LOG set, append each failure's traceback as it happens: a device call cut by `timeout`
     never reaches pytest's summary, and under xdist the tracebacks only print there."""
-    import os
-
     path = os.environ.get("HG_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a") as f:

@@ -32,3 +32,6 @@ def test_the_real_suite_splits_in_two_halves() -> None:
     assert halves[0] and halves[1] and not set(halves[0]) & set(halves[1])
     every = sorted(str(p.relative_to(root)) for p in (root / "tests/gpu").glob("test_*.py"))
     assert sorted(halves[0] + halves[1]) == every
+    empty = subprocess.run([sys.executable, "scripts/gpu_test_part.py", f"{len(every) + 1}/{len(every) + 1}"],
+                           cwd=root, capture_output=True, text=True)
+    assert empty.returncode == 2 and not empty.stdout and "more parts than" in empty.stderr

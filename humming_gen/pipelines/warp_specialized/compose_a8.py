@@ -469,13 +469,13 @@ def compose(layer: LayerConfig, compute: ComputeConfig, tuning: TuningConfig, ta
     # the gated activation of GEMM1, one 8-token m tile at a time (tile_rows: 16 m tiles' rows beside the accumulators
     # spill); grouped MoE: the dense rows of the unit below its window's end (p.m, for_expert)
     staged = staged_store(layer, t) and compute.topk_reduce is None  # (atomic top-k reduction: unstaged adds)
+    out_scale = has_out_scale(s) or fold  # folded group scales leave each weight row's 2^r with the output columns
     if tokens_m:  # dense whole tiles of token rows (tokens_m_reasons)
-        epilogue.append(StoreOutputRows(dtype=layer.dtype, out_dtype=layer.out_dtype,
-                                        out_scale=has_out_scale(s) or fold,  # folded: the rows' 2^r
+        epilogue.append(StoreOutputRows(dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=out_scale,
                                         bias=layer.has_bias, token_scale="" if agroups else a.granularity))
     else:
         epilogue.append(fused_topk_store(compute, (StoreOutputStaged if staged else StoreOutput)(
-            dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=has_out_scale(s) or fold, bias=layer.has_bias,
+            dtype=layer.dtype, out_dtype=layer.out_dtype, out_scale=out_scale, bias=layer.has_bias,
             atom=WGMMA_M64NNK16_WARP, token_scale="" if agroups else a.granularity, fragment_store=t.split_k > 1,
             row_map=gather, topk_weight=compute.topk_weight, gated=compute.epilogue_activation or "",
             tile_rows=gather,
