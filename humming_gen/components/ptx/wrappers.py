@@ -217,6 +217,15 @@ class AsyncProxyFence(Component):
 
 
 @attrs.frozen
+class LoadsFence(Component):
+    """fence.acq_rel.cta: a consumer's shared loads of a stage are performed before it releases the stage."""
+
+    template: ClassVar[str] = "ptx/loads_fence.cuh.j2"
+    family: ClassVar[str] = "ptx"
+    provides: ClassVar[frozenset[str]] = frozenset({"fence_loads"})
+
+
+@attrs.frozen
 class SetMaxNReg(Component):
     """setmaxnreg: move registers from the producer warpgroup to the consumers."""
 
@@ -262,15 +271,15 @@ WRAPPERS: dict[str, type[Component]] = {
     "cp_async_copy": CpAsync, "cp_async_word": CpAsyncWord, "cp_async_drain": CpAsyncDrain, "mbarrier": Mbarrier,
     "mbarrier_tx": Mbarrier, "bulk_copy": BulkCopy,
     "tensor_copy": TensorCopy,
-    "async_proxy_fence": AsyncProxyFence, "setmaxnreg": SetMaxNReg, "named_barrier": NamedBarrier,
-    "cluster": Cluster, "epilogue_sync": EpilogueSync,
+    "async_proxy_fence": AsyncProxyFence, "loads_fence": LoadsFence, "setmaxnreg": SetMaxNReg,
+    "named_barrier": NamedBarrier, "cluster": Cluster, "epilogue_sync": EpilogueSync,
 }
 TYPED = {"fma2"}
 # Section order of the wrappers in a source (a wrapper may call one listed before it).
 PTX_ORDER = ("smem_address", "cp_async", "cp_async_copy", "cp_async_word", "cp_async_drain", "ldmatrix",
              "stmatrix_x1", "stmatrix_x2", "prmt", "and_or", "and_xor", "fma2", "cvt_scalar", "global_sync", "global_wait", "grid_dependency",
-             "mbarrier", "mbarrier_tx", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "setmaxnreg",
-             "named_barrier", "epilogue_sync")
+             "mbarrier", "mbarrier_tx", "bulk_copy", "tensor_copy", "cluster", "async_proxy_fence", "loads_fence",
+             "setmaxnreg", "named_barrier", "epilogue_sync")
 
 
 def wrapper(name: str, dtype: str, out_dtype: str, bias: bool, m_tiles: int) -> Component:

@@ -211,15 +211,19 @@ class RingSkeleton:
     def gather(self) -> bool:
         return self.moe and not self.grouped
 
+    #: The consumers read stages with ordinary shared loads that their release must not overtake (staged scales
+    #: refilled by the producers' cp.async: ptx/loads_fence), so a release fences first.
+    release_after_loads: ClassVar[bool] = False
+
     @property
     def ptx(self) -> tuple[str, ...]:
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
                 + (("grid_dependency",) if self.pdl else ()) + (("named_barrier",) if self.split_k else ())
-                + (("cluster",) if self.clustered else ()))
+                + (("cluster",) if self.clustered else ()) + (("loads_fence",) if self.release_after_loads else ()))
 
     def ring_provides(self) -> set[str]:
         return ({"Ring", "stage", "stage_ptr", "produce", "consume"} | ({"for_expert"} if self.moe else set())
-                | ({"release_stage"} if self.clustered else set()))
+                | ({"release_stage"} if self.clustered or self.release_after_loads else set()))
 
     def ring_needs(self) -> set[str]:
         """The partials' calls, the epilogue's store (split-K slices or whole tiles) and the MoE units' helpers."""
@@ -229,6 +233,7 @@ class RingSkeleton:
         needs |= {"wait_for_previous_grid", "allow_next_grid"} if self.pdl else set()
         needs |= {"kAGatherRegs", "gather_rows"} if self.gather else set()
         needs |= {"count_expert_blocks"} if self.grouped else set()
+        needs |= {"fence_loads"} if self.release_after_loads else set()
         needs |= ({"cluster_sync", "mbarrier_arrive_remote", "peer_shared_address", "cluster_cta_rank"} if self.clustered
                   else set())
         return needs
@@ -239,8 +244,10 @@ class RingSkeleton:
         return {"a_bulk": False, "a_tma": False, "producer_cp_async": True, "widened": self.widened,
                 "moe": self.moe, "grouped": bool(self.grouped), "gemm": self.grouped, "a_type": a_type,
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
-                # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers
-                "release_stage": ("release_stage(ring, stage)" if self.clustered
+                "release_after_loads": self.release_after_loads,
+                # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers;
+                # after its loads of the stage where release_after_loads
+                "release_stage": ("release_stage(ring, stage)" if self.clustered or self.release_after_loads
                                   else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
                 # store_output's last argument: this consumer warp's staging buffer
                 "staging_arg": (f", ring.smem + cfg::kStages * (cfg::kStageBytes + "
@@ -322,6 +329,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     template: ClassVar[str] = "pipelines/warp_specialized/skeleton_a8.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
+    release_after_loads: ClassVar[bool] = True  # staged scales, weight fragments (RingSkeleton)
     kernel_name: str
     weight: str           # weight and activation formats (the header comment)
     activation: str
