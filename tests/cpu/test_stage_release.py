@@ -17,9 +17,10 @@ from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build
-from humming_gen.pipelines.warp_specialized.heuristics import tokens_m_tuning
+from humming_gen.pipelines.warp_specialized.heuristics import tokens_m_tuning, widened_weight_tunings
 from humming_gen.runtime.cache import _cuda_tool
 from humming_gen.targets import get_target
+from moe_host import ws_moe_plans
 
 SM90 = get_target("sm_90a")
 
@@ -34,14 +35,24 @@ def _plans():
         layer = LayerConfig(n=4096, k=4096, scheme=scheme)
         yield f"{scheme}-m{m}", compose(layer, ComputeConfig(), choose_tunings(layer, SM90, stored=False).for_m(m),
                                         SM90)
+    w4a8 = LayerConfig(n=4096, k=4096, scheme="w4a8-mxfp4-fp8")  # nibbles widened by the producer warpgroup
+    yield "w4a8-mxfp4-fp8-widened", compose(w4a8, ComputeConfig(), widened_weight_tunings(w4a8, SM90).for_m(1024),
+                                            SM90)
+    for gemm in ("indexed", "grouped_contiguous"):  # MoE: gathered rows, and the experts' row windows
+        moe = LayerConfig(n=1024, k=2048, scheme="w8a8-fp8-block128", num_experts=8)
+        yield f"block128-moe-{gemm}", ws_moe_plans(moe, ComputeConfig(gemm=gemm), (128,))[0]
 
 
 PLANS = list(_plans())
 # the 16-bit skeleton releases without the fence: its consumers' loads (weight words, group parameters) feed the
 # wgmmas or the dequantization before the release, which the SASS check holds it to
 W16 = LayerConfig(n=8192, k=8192, scheme="w4a16-int4-g128")
-SASS_PLANS = PLANS + [("w4a16-int4-g128-m1024", compose(W16, ComputeConfig(),
-                                                        choose_tunings(W16, SM90, stored=False).for_m(1024), SM90))]
+W16_MOE = LayerConfig(n=1024, k=2048, scheme="w4a16-int4-g128", num_experts=8)
+SASS_PLANS = PLANS + [
+    ("w4a16-int4-g128-m1024", compose(W16, ComputeConfig(), choose_tunings(W16, SM90, stored=False).for_m(1024), SM90)),
+    ("w4a16-int4-g128-widened", compose(W16, ComputeConfig(), widened_weight_tunings(W16, SM90).for_m(1024), SM90)),
+    ("w4a16-moe-indexed", ws_moe_plans(W16_MOE, ComputeConfig(gemm="indexed"), (128,))[0]),
+    ("w4a16-moe-grouped_contiguous", ws_moe_plans(W16_MOE, ComputeConfig(gemm="grouped_contiguous"), (128,))[0])]
 
 
 @pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=[i for i, _ in PLANS])
