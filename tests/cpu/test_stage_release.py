@@ -71,12 +71,16 @@ def _instructions(sass: str) -> list[str]:
 
 
 def _loaded(ins: str) -> list[int]:
-    """Registers an LDS writes (LDS.64: two, LDS.128: four)."""
-    m = re.match(r"(?:@!?P\d\s+)?LDS(?:\.U8|\.S8|\.U16|\.S16|\.(64|128))?\s+R(\d+),", ins)
+    """Registers a shared load writes (LDS.64: two, LDS.128: four; ldmatrix LDSM .x2 / .x4: two / four)."""
+    m = re.match(r"(?:@!?U?P\w+\s+)?(LDSM|LDS)((?:\.\w+)*)\s+R(\d+),", ins)
     if m is None:
         return []
-    count = {"64": 2, "128": 4}.get(m.group(1), 1)
-    return [int(m.group(2)) + i for i in range(count)]
+    suffixes = m.group(2).split(".")
+    if m.group(1) == "LDSM":
+        count = 4 if "4" in suffixes else 2 if "2" in suffixes else 1
+    else:
+        count = 4 if "128" in suffixes else 2 if "64" in suffixes else 1
+    return [int(m.group(3)) + i for i in range(count)]
 
 
 def _reads(ins: str, reg: int) -> bool:
@@ -121,3 +125,5 @@ def test_the_check_sees_an_arrival_that_overtakes_a_load() -> None:
         "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R144+URZ+0x31830], RZ", "FMUL R4, R17, R3"]))
     assert unused_loads_before_release(sass) == ["LDS.64 R16, [R5+0x8110] (R17) ... "
                                                  "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R144+URZ+0x31830], RZ"]
+    assert _loaded("LDSM.16.M88.4 R8, [R2]") == [8, 9, 10, 11] and _loaded("LDS.U8 R3, [R1]") == [3]
+    assert _loaded("@!PT LDS RZ, [RZ]") == [] and _loaded("@P0 LDS.128 R4, [R1]") == [4, 5, 6, 7]
