@@ -106,7 +106,8 @@ def unused_loads_before_release(sass: str) -> list[str]:
     return found
 
 
-@pytest.mark.skipif(_cuda_tool("cuobjdump") is None, reason="cuobjdump not installed (nvidia-cuda-cuobjdump)")
+@pytest.mark.skipif(_cuda_tool("cuobjdump") is None or _cuda_tool("nvdisasm") is None,
+                    reason="cuobjdump and nvdisasm not installed (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
 @pytest.mark.parametrize("plan", [p for _, p in SASS_PLANS], ids=[i for i, _ in SASS_PLANS])
 def test_sass_arrives_after_the_loaded_values_are_used(plan, tmp_path: Path) -> None:
     kernel = build(plan)

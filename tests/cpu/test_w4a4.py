@@ -28,6 +28,7 @@ from humming_gen.pipelines.standard import STANDARD
 from humming_gen.pipelines.standard.compose_a8 import byte_layer
 from humming_gen.pipelines.warp_specialized import WARP_SPECIALIZED
 from humming_gen.pipelines.weights import prepare_weight
+from humming_gen.runtime.cache import _cuda_tool
 from humming_gen.schemes.packing import (BLayoutS4, pack_codes8, pack_s4, pair_nibbles, split_nibbles, unpack_codes8,
                                          unpack_s4)
 from humming_gen.targets import get_target
@@ -235,7 +236,8 @@ def _cuobjdump() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_cuobjdump() is None, reason="cuobjdump not found")
+@pytest.mark.skipif(_cuobjdump() is None or _cuda_tool("nvdisasm") is None,
+                    reason="cuobjdump and the nvdisasm it runs not found")
 @pytest.mark.parametrize("target,sass", [("sm_80", "IMMA.16864.S4.S4"), ("sm_89", "IMMA.16864.S4.S4"),
                                          ("sm_90a", "IMMA.16832.S8.S8")])
 def test_sass_of_the_s4_mma(target: str, sass: str, tmp_path) -> None:
