@@ -1,4 +1,4 @@
-"""What the consumers' fence before a stage release costs (ptx/loads_fence, RingSkeleton.release_after_loads) in the
+"""What the consumers' fence before a stage release costs (ptx/loads_fence, components.RELEASE_FENCE) in the
 8-bit warp-specialized kernels: the default plans of N = K = 8192 layers with the fence, and the same plans built
 without it (the kernels that raced: scales read after their release, tests/cpu/test_stage_release.py), in one
 process. CUDA graph us per layer with the activation quantization, layers rotated so each reads its weights cold,
@@ -16,10 +16,10 @@ import torch
 import humming_gen as hg
 from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import alternating_graph_times
-from humming_gen.pipelines.warp_specialized.components import WarpSpecializedA8Pipeline
+from humming_gen.pipelines.warp_specialized import components
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("formats", nargs="?", default="w8a8-fp8-block128,w4a8-mxfp4-fp8,w8a8-mxfp8,w8a8-fp8-channel",
+parser.add_argument("formats", nargs="?", default="w8a8-fp8-block128,w4a8-mxfp4-fp8,w8a8-mxfp8",
                     help="comma-separated presets (default: %(default)s)")
 parser.add_argument("ms", nargs="?", default="64,256,1024,4096", type=ms_argument("ms"),
                     help="comma-separated M (default: %(default)s)")
@@ -31,11 +31,11 @@ print("| format | release | " + " | ".join(f"M={m}" for m in args.ms) + " | repe
 for name in args.formats.split(","):
     qws = [hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     fenced = [hg.QuantLinear.from_quantized(q) for q in qws]
-    WarpSpecializedA8Pipeline.release_after_loads = False
+    components.RELEASE_FENCE = False
     try:
         unfenced = [hg.QuantLinear.from_quantized(q) for q in qws]
     finally:
-        WarpSpecializedA8Pipeline.release_after_loads = True
+        components.RELEASE_FENCE = True
     best: dict[str, list[float]] = {"fenced": [], "unfenced": []}
     for m in args.ms:
         x = torch.randn(m, k, device="cuda").bfloat16()

@@ -45,6 +45,10 @@ def test_outputs_are_the_same_in_every_run(scheme: str, make) -> None:
     n, k, dtype = 4000, 3072, torch.float16
     qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
     layer = make(qw, dtype) if make else hg.QuantLinear.from_quantized(qw, dtype=dtype)
+    plan = layer.kernel_for(M).plan
+    assert plan.pipeline == "warp_specialized" and "_ws_q" in plan.kernel_name, plan.kernel_name
+    if make is _tokens_m_n128:
+        assert plan.kernel_name.endswith("_ss_tm") and plan.tuning.block_n == 128, plan.kernel_name
     x = torch.randn(M, k, device="cuda").to(dtype)
     outs = []
     for _ in range(RUNS):

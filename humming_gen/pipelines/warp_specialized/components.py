@@ -178,6 +178,12 @@ class WeightWidenDequant(Component):
         return {"group_offsets": {t: offset_constant(t) for t in self.group_params}}
 
 
+#: The 8-bit consumers fence their loads of a stage before releasing it where they read staged scales
+#: (WarpSpecializedA8Pipeline.release_after_loads); False only to time what the fence costs
+#: (bench/release_fence_bench.py), the kernels then race.
+RELEASE_FENCE = True
+
+
 def ring_barrier_bytes(widened: bool) -> int:
     """Bytes of a ring stage's mbarriers after the stages: full and empty, and widened where the producer
     warpgroup widens the weights (padded to 32, so the epilogue staging after them stays 16-byte aligned for stmatrix
@@ -329,7 +335,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     template: ClassVar[str] = "pipelines/warp_specialized/skeleton_a8.cuh.j2"
     family: ClassVar[str] = "pipeline"
     requires: ClassVar[frozenset[str]] = frozenset({"wgmma", "setmaxnreg", "tma"})
-    release_after_loads: ClassVar[bool] = True  # staged scales, weight fragments (RingSkeleton)
     kernel_name: str
     weight: str           # weight and activation formats (the header comment)
     activation: str
@@ -385,6 +390,13 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
         """fp32 activation group scales come with the stage (ActivationScalesStage); e8m0 bytes, which no cp.async
         size copies, are read from global memory at each promotion."""
         return self.activation_groups and (not self.activation_e8m0 or self.staged_e8m0)
+
+    @property
+    def release_after_loads(self) -> bool:  # type: ignore[override]
+        """Its consumers read staged weight or activation group scales, or folded exponent deltas, from a stage with
+        shared loads that the release must not overtake (RingSkeleton.release_after_loads); fragments and codes feed
+        the wgmmas, which retire before the release, so kernels with channel or tensor scales need no fence."""
+        return RELEASE_FENCE and (self.weight_groups or self.staged_activation_scales or self.fold)
 
     @property
     def producer_cp_async(self) -> bool:
