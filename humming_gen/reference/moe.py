@@ -233,26 +233,18 @@ def reference_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     xd = x.to(f64)
     if activation_scheme is not None:
         xd = quantized(xd, 0)
-    out = torch.zeros(x.shape[0], hidden, dtype=f64, device=x.device)
-    weights = topk_weights.to(f64)
+    m, j = torch.nonzero(local >= 0, as_tuple=True)  # the kept assignments, each with its token and slot
+    experts = local[m, j]
+    h = routed_rows_gemm(xd[m], w13, experts, bias13)  # GEMM1 and the gated activation per assignment
+    if intermediate_dtype is not None and not fused_activation:
+        h = h.to(intermediate_dtype).to(f64)
     act = torch.zeros(*topk_ids.shape, two_i // 2, dtype=f64, device=x.device)  # per assignment (m, j)
-    experts = torch.unique(local[local >= 0]).tolist()
-    for e in experts:  # GEMM1 and the gated activation per used expert
-        m, j = torch.nonzero(local == e, as_tuple=True)
-        h = xd[m] @ w13[e].to(f64).T
-        if bias13 is not None:
-            h = h + bias13[e].to(f64)
-        if intermediate_dtype is not None and not fused_activation:
-            h = h.to(intermediate_dtype).to(f64)
-        act[m, j] = gated_activation(h, activation, gate_up_layout, swiglu_alpha, swiglu_limit)
+    act[m, j] = gated_activation(h, activation, gate_up_layout, swiglu_alpha, swiglu_limit)
     if intermediate_dtype is not None:
         act = act.to(intermediate_dtype).to(f64)
     if activation_scheme is not None:
         act = quantized(act.reshape(-1, two_i // 2), 1).reshape(act.shape)
-    for e in experts:  # GEMM2 and the weighted sum
-        m, j = torch.nonzero(local == e, as_tuple=True)
-        y = act[m, j] @ w2[e].to(f64).T
-        if bias2 is not None:
-            y = y + bias2[e].to(f64)
-        out.index_add_(0, m, weights[m, j, None] * y)
+    y = routed_rows_gemm(act[m, j], w2, experts, bias2)  # GEMM2 and the weighted sum
+    out = torch.zeros(x.shape[0], hidden, dtype=f64, device=x.device)
+    out.index_add_(0, m, topk_weights.to(f64)[m, j, None] * y)
     return out
