@@ -1,10 +1,17 @@
-"""What the consumers' fence before a stage release costs (ptx/loads_fence, components.RELEASE_FENCE) in the
-8-bit warp-specialized kernels: the default plans of N = K = 8192 layers with the fence, and the same plans built
-without it (the kernels that raced: scales read after their release, tests/cpu/test_stage_release.py), in one
-process. CUDA graph us per layer with the activation quantization, layers rotated so each reads its weights cold,
-both orders alternated and the faster kept; the unfenced kernels' outputs are also compared run to run (bitwise).
+"""How the 8-bit warp-specialized consumers release a ring stage, and what each way costs: the default plans of
+N = K = 8192 layers built under each variant of the module switches in
+humming_gen.pipelines.warp_specialized.components, in one process. CUDA graph us per layer with the activation
+quantization, layers rotated so each reads its weights cold, the variants alternated and the best of three rounds
+kept; every variant's outputs are also compared run to run at the largest M (bitwise).
 
-    python bench/release_fence_bench.py [formats] [M list]
+Variants (`--variants`, comma-separated):
+  default   the switches as shipped
+  immediate a stage released right after its last promotion (DEFERRED_RELEASE off)
+  proxy     the consumers' proxy fence after every stage wait, bulk-copied codes too (PROXY_FENCE_AFTER_BULK on)
+  before    both of the above: the kernels of 2026-12-04 (d607a6d)
+  unfenced  no fence before a release (RELEASE_FENCE off; the kernels that raced, tests/cpu/test_stage_release.py)
+
+    python bench/release_fence_bench.py [formats] [M list] [--variants default,before,...]
 """
 
 from __future__ import annotations
@@ -18,34 +25,55 @@ from humming_gen.bench import ms_argument
 from humming_gen.bench.timing import alternating_graph_times
 from humming_gen.pipelines.warp_specialized import components
 
+VARIANTS = {
+    "default": {},
+    "immediate": {"DEFERRED_RELEASE": False},
+    "proxy": {"PROXY_FENCE_AFTER_BULK": True},
+    "before": {"DEFERRED_RELEASE": False, "PROXY_FENCE_AFTER_BULK": True},
+    "unfenced": {"RELEASE_FENCE": False, "DEFERRED_RELEASE": False, "PROXY_FENCE_AFTER_BULK": True},
+}
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("formats", nargs="?", default="w8a8-fp8-block128,w4a8-mxfp4-fp8,w8a8-mxfp8",
                     help="comma-separated presets (default: %(default)s)")
 parser.add_argument("ms", nargs="?", default="64,256,1024,4096", type=ms_argument("ms"),
                     help="comma-separated M (default: %(default)s)")
+parser.add_argument("--variants", default="default,before,unfenced",
+                    help=f"comma-separated, of {', '.join(VARIANTS)} (default: %(default)s)")
 args = parser.parse_args()
+variants = args.variants.split(",")
+unknown = [v for v in variants if v not in VARIANTS]
+if unknown:
+    parser.error(f"--variants: unknown {unknown}; allowed: {list(VARIANTS)}")
+
+
+def build(qws: list, settings: dict) -> list:
+    saved = {name: getattr(components, name) for name in settings}
+    for name, value in settings.items():
+        setattr(components, name, value)
+    try:
+        return [hg.QuantLinear.from_quantized(q) for q in qws]
+    finally:
+        for name, value in saved.items():
+            setattr(components, name, value)
+
+
 n = k = 8192
 torch.manual_seed(0)
-print("| format | release | " + " | ".join(f"M={m}" for m in args.ms) + " | repeatable at the largest M |\n|---|---|"
-      + "---|" * (len(args.ms) + 1))
+print("| format | variant | " + " | ".join(f"M={m}" for m in args.ms) + " | repeatable at the largest M |\n|---|---|"
+      + "---|" * (len(args.ms) + 1), flush=True)
 for name in args.formats.split(","):
     qws = [hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
-    fenced = [hg.QuantLinear.from_quantized(q) for q in qws]
-    components.RELEASE_FENCE = False
-    try:
-        unfenced = [hg.QuantLinear.from_quantized(q) for q in qws]
-    finally:
-        components.RELEASE_FENCE = True
-    best: dict[str, list[float]] = {"fenced": [], "unfenced": []}
+    layers = {v: build(qws, VARIANTS[v]) for v in variants}
+    best: dict[str, list[float]] = {v: [] for v in variants}
     for m in args.ms:
         x = torch.randn(m, k, device="cuda").bfloat16()
-        t = alternating_graph_times([fenced, unfenced], x, rounds=3)
-        best["fenced"].append(t[0])
-        best["unfenced"].append(t[1])
+        for v, t in zip(variants, alternating_graph_times([layers[v] for v in variants], x, rounds=3)):
+            best[v].append(t)
     x = torch.randn(args.ms[-1], k, device="cuda").bfloat16()
-    for plan, layers in (("fenced", fenced), ("unfenced", unfenced)):
-        outs = [layers[0](x) for _ in range(5)]
+    for v in variants:
+        outs = [layers[v][0](x) for _ in range(5)]
         same = all(torch.equal(outs[0], o) for o in outs)
-        print(f"| {name} | {plan} | " + " | ".join(f"{t:.1f}" for t in best[plan]) + f" | {same} |", flush=True)
-    del fenced, unfenced, qws
+        print(f"| {name} | {v} | " + " | ".join(f"{t:.1f}" for t in best[v]) + f" | {same} |", flush=True)
+    del layers, qws
     torch.cuda.empty_cache()

@@ -34,7 +34,7 @@ def _default(scheme: str, m: int, n: int = 4096, k: int = 4096):
 
 
 def _fenced():
-    """(id, plan): kernels whose consumers read staged scales (or folded exponent deltas) with shared loads."""
+    """(id, plan): kernels whose consumers read staged scales with shared loads."""
     block = LayerConfig(n=4000, k=3072, scheme="w8a8-fp8-block128")
     for block_n in (128, 256):  # tokens on M, one set of partial sums (the tiles that raced)
         t = tokens_m_tuning(block, SM90, choose_tunings(block, SM90, stored=False).for_m(4096), 4096, block_n)
@@ -61,6 +61,12 @@ FENCED = list(_fenced())
 # once the next step's wgmmas are issued, so loads of the current stage sit between the wait and that arrival; its
 # loads of the previous stage fed the previous step's dequantization and wgmmas, issued before the arrival.)
 UNFENCED = [(f"{s}-m{m}", _default(s, m)) for s in ("w8a8-fp8-channel", "w8a8-int8-channel") for m in (1, 16, 4096)]
+# ... and folded MXFP4 weights (their staged exponent deltas feed the fragments, which feed the wgmmas), dense and MoE
+_FOLD = LayerConfig(n=4096, k=4096, scheme="w4a8-mxfp4-fp8", fold_scales=True)
+UNFENCED += [(f"w4a8-fold-m{m}", compose(_FOLD, ComputeConfig(), choose_tunings(_FOLD, SM90, stored=False).for_m(m),
+                                          SM90)) for m in (1, 16, 1024, 4096)]
+UNFENCED += [("w4a8-fold-moe-indexed", ws_moe_plans(LayerConfig(n=1024, k=2048, scheme="w4a8-mxfp4-fp8", num_experts=8,
+                                                                 fold_scales=True), ComputeConfig(gemm="indexed"), (128,))[0])]
 SASS_PLANS = FENCED + UNFENCED
 
 
@@ -72,7 +78,9 @@ def test_consumers_release_through_the_fence(plan) -> None:
     assert body.group(1).lstrip().startswith("fence_loads();"), body.group(1)
     outside = src.replace(body.group(0), "")
     assert "mbarrier_arrive(ring.empty_bars" not in outside, "a consumer arrives on an empty barrier unfenced"
-    assert outside.count("release_stage(ring, stage)") >= 1
+    # right after the stage's last promotion, or (components.DEFERRED_RELEASE) held until the next stage's first
+    # wgmmas are issued and at the end of a unit's k loop
+    assert outside.count("release_stage(ring, stage)") + outside.count("release_stage(ring, (stage + ") >= 1
 
 
 def test_kernels_without_staged_scales_have_no_fence() -> None:
@@ -134,6 +142,21 @@ def unused_loads_before_release(sass: str) -> tuple[int, list[str]]:
     return len(arrivals), found
 
 
+def arrivals_without_membar(sass: str) -> list[str]:
+    """Arrivals with a shared load before them and no MEMBAR since: a fenced consumer's release orders every load
+    before it, those of a stage held past the next stage's wait (components.DEFERRED_RELEASE) included, which the
+    window of unused_loads_before_release does not reach."""
+    found, pending = [], False
+    for s in _instructions(sass):
+        if ARRIVAL.match(s) and pending:
+            found.append(s)
+        elif _opcode(s).startswith("MEMBAR"):
+            pending = False
+        elif _loaded(s):
+            pending = True
+    return found
+
+
 def _sass(plan, tmp_path: Path) -> str:
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(build(plan).compiled.cubin)
@@ -145,8 +168,11 @@ def _sass(plan, tmp_path: Path) -> str:
                     reason="cuobjdump and nvdisasm not installed (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
 @pytest.mark.parametrize("plan", [p for _, p in SASS_PLANS], ids=[i for i, _ in SASS_PLANS])
 def test_sass_arrives_after_the_loaded_values_are_used(plan, tmp_path: Path) -> None:
-    checked, unused = unused_loads_before_release(_sass(plan, tmp_path))
+    sass = _sass(plan, tmp_path)
+    checked, unused = unused_loads_before_release(sass)
     assert checked >= 2 and unused == [], (checked, unused)
+    if any(plan is p for _, p in FENCED):
+        assert arrivals_without_membar(sass) == []
 
 
 def test_the_check_sees_an_arrival_that_overtakes_a_load() -> None:
@@ -161,6 +187,11 @@ def test_the_check_sees_an_arrival_that_overtakes_a_load() -> None:
     checked, unused = unused_loads_before_release(sass(race))
     assert checked == 1 and [u.split(" ... ")[0] for u in unused] == ["LDS.64 R16, [R5+0x8110] (R17)"]
     assert unused_loads_before_release(sass(race[:5] + ["MEMBAR.ALL.CTA"] + race[5:]))[1] == []
+    assert len(arrivals_without_membar(sass(race))) == 1
+    assert arrivals_without_membar(sass(race[:5] + ["MEMBAR.ALL.CTA"] + race[5:])) == []
+    two = race[:5] + ["MEMBAR.ALL.CTA"] + race[5:6] + race[5:6]  # one fence, the local and the remote arrival
+    assert arrivals_without_membar(sass(two)) == []
+    assert len(arrivals_without_membar(sass(two + race[1:2] + race[5:6]))) == 1  # a load after it, then an arrival
     hoisted = race[:1] + ["LDS R18, [R51+0x2e00]", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
                           "SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4], RZ", "FMUL R4, R18, R3"]
     assert len(unused_loads_before_release(sass(hoisted))[1]) == 1

@@ -182,6 +182,13 @@ class WeightWidenDequant(Component):
 #: (WarpSpecializedA8Pipeline.release_after_loads); False only to time what the fence costs
 #: (bench/release_fence_bench.py), the kernels then race.
 RELEASE_FENCE = True
+#: Where the consumers fence before a release, they release a stage once the next stage's first wgmmas are issued
+#: (the fence then waits while the tensor cores work) instead of right after the stage's last promotion; False only to
+#: time it (bench/release_fence_bench.py).
+DEFERRED_RELEASE = True
+#: The 8-bit consumers' proxy fence after a stage's wait where the activation codes came by bulk copy (async proxy,
+#: as the wgmmas read them): not needed, and a MEMBAR.ALL.CTA per stage; True only to time it.
+PROXY_FENCE_AFTER_BULK = False
 
 
 def ring_barrier_bytes(widened: bool) -> int:
@@ -221,6 +228,9 @@ class RingSkeleton:
     #: refilled by the producers' cp.async: ptx/loads_fence), so a release fences first.
     release_after_loads: ClassVar[bool] = False
 
+    #: ... and holds a stage until the next stage's first wgmmas are issued (DEFERRED_RELEASE).
+    deferred_release: ClassVar[bool] = False
+
     @property
     def ptx(self) -> tuple[str, ...]:
         return (("smem_address", "mbarrier", "async_proxy_fence", "setmaxnreg")
@@ -252,9 +262,14 @@ class RingSkeleton:
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 "release_after_loads": self.release_after_loads,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers;
-                # after its loads of the stage where release_after_loads
+                # after its loads of the stage where release_after_loads; deferred (release_held), the previous
+                # stage once this one's first wgmmas are issued, and the unit's last before its epilogue
+                "deferred_release": self.deferred_release,
                 "release_stage": ("release_stage(ring, stage)" if self.clustered or self.release_after_loads
                                   else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
+                "release_held": "if (kt > tc.kt_begin) release_stage(ring, (stage + cfg::kStages - 1) % cfg::kStages)",
+                "release_last": ("if (tc.kt_end > tc.kt_begin) release_stage(ring, (stage + cfg::kStages - 1) % "
+                                 "cfg::kStages)"),
                 # store_output's last argument: this consumer warp's staging buffer
                 "staging_arg": (f", ring.smem + cfg::kStages * (cfg::kStageBytes + "
                                 f"{ring_barrier_bytes(self.widened)}) + (kWg * 4 + w) * cfg::kStagingBytes"
@@ -383,7 +398,15 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     @property
     def ptx(self) -> tuple[str, ...]:  # type: ignore[override]
         # bulk-copied codes beside cp.async-staged scales: the drain without the 16-byte copy's wrapper
-        return RingSkeleton.ptx.fget(self) + (("cp_async_drain",) if self.a_bulk and self.producer_cp_async else ())
+        base = tuple(p for p in RingSkeleton.ptx.fget(self) if p != "async_proxy_fence" or self.consumer_proxy_fence)
+        return base + (("cp_async_drain",) if self.a_bulk and self.producer_cp_async else ())
+
+    @property
+    def consumer_proxy_fence(self) -> bool:
+        """The consumers fence the async proxy after a stage's wait where wgmma reads what the generic proxy wrote:
+        codes that came by cp.async, or a widened weight panel (bulk-copied codes need none; PROXY_FENCE_AFTER_BULK
+        puts it back, for timing)."""
+        return not self.a_bulk or self.widened or PROXY_FENCE_AFTER_BULK
 
     @property
     def staged_activation_scales(self) -> bool:
@@ -393,10 +416,18 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
 
     @property
     def release_after_loads(self) -> bool:  # type: ignore[override]
-        """Its consumers read staged weight or activation group scales, or folded exponent deltas, from a stage with
-        shared loads that the release must not overtake (RingSkeleton.release_after_loads); fragments and codes feed
-        the wgmmas, which retire before the release, so kernels with channel or tensor scales need no fence."""
-        return RELEASE_FENCE and (self.weight_groups or self.staged_activation_scales or self.fold)
+        """Its consumers read staged weight or activation group scales from a stage with shared loads that the
+        release must not overtake (RingSkeleton.release_after_loads); fragments, codes and folded exponent deltas
+        feed the wgmmas, which retire before the release, so kernels with channel or tensor scales, folded MXFP4
+        ones included, need no fence (tests/cpu/test_stage_release.py reads it in their SASS)."""
+        return RELEASE_FENCE and (self.weight_groups or self.staged_activation_scales)
+
+    @property
+    def deferred_release(self) -> bool:  # type: ignore[override]
+        """A fenced release waits for the thread's loads: deferred past the next stage's first wgmma issue, that wait
+        overlaps tensor work instead of delaying the promotion. (Register weights in tiles of more than 128 tokens
+        spill with it: W4A8 MXFP4 unfolded at 192 tokens, 100 bytes, NVRTC 13.0.)"""
+        return self.release_after_loads and DEFERRED_RELEASE and (self.shared_weights or self.block_m <= 128)
 
     @property
     def producer_cp_async(self) -> bool:
@@ -427,6 +458,7 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         needs = self.ring_needs() | {"fence_partials", f"wgmma_m64n{self.mma_n}k32"}
         needs -= set() if self.producer_cp_async else {"cp_async_arrive_noinc", "cp_async_drain"}
+        needs -= set() if self.consumer_proxy_fence else {"fence_async_shared"}
         needs |= {"smem_descriptor"} if self.shared_weights else set()
         needs |= {"widen_unit", "kWidenUnits"} if self.widened else set()
         needs |= {"kLayoutBlocks"} if self.tokens_m else set()  # a stage's weight panel spans block_n / 128 blocks
@@ -459,4 +491,6 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "weight_operand": "weight_descriptor(stage, step)" if self.shared_weights else "frag[ks]",
                 **self.ring_context("unsigned char", "activation codes and scales come from the previous kernel"),
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
+                # wgmma (async proxy) reads codes a generic-proxy cp.async wrote, or a widened panel
+                "consumer_proxy_fence": self.consumer_proxy_fence,
                 "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
