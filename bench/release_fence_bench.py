@@ -1,14 +1,17 @@
 """How the 8-bit warp-specialized consumers release a ring stage, and what each way costs: the default plans of
 N = K = 8192 layers built under each variant of the module switches in
-humming_gen.pipelines.warp_specialized.components, in one process. CUDA graph us per layer with the activation
-quantization, layers rotated so each reads its weights cold, the variants alternated and the best of three rounds
-kept; every variant's outputs are also compared run to run at the largest M (bitwise).
+humming_gen.pipelines.warp_specialized.components, each variant in a process of its own (variants built in one
+process were ranked by build order: on the H200 the same kernel measured up to 8 % apart at M = 4096 between the
+first and later allocations of the same weights, docs/DEVELOPING.md). CUDA graph us per layer with the activation
+quantization, layers rotated so each reads its weights cold, best of three; every variant's outputs are also
+compared run to run at the largest M (bitwise).
 
 Variants (`--variants`, comma-separated):
   default   the switches as shipped
   immediate a stage released right after its last promotion (DEFERRED_RELEASE off)
   proxy     the consumers' proxy fence after every stage wait, bulk-copied codes too (PROXY_FENCE_AFTER_BULK on)
-  before    both of the above: the kernels of 2026-12-04 (d607a6d)
+  before    both of the above: the release of d607a6d (not its fenced folded MXFP4 kernels or its e8m0 decode,
+            which no switch brings back)
   unfenced  no fence before a release (RELEASE_FENCE off; the kernels that raced, tests/cpu/test_stage_release.py)
 
     python bench/release_fence_bench.py [formats] [M list] [--variants default,before,...]
@@ -17,6 +20,8 @@ Variants (`--variants`, comma-separated):
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import torch
 
@@ -40,11 +45,22 @@ parser.add_argument("ms", nargs="?", default="64,256,1024,4096", type=ms_argumen
                     help="comma-separated M (default: %(default)s)")
 parser.add_argument("--variants", default="default,before,unfenced",
                     help=f"comma-separated, of {', '.join(VARIANTS)} (default: %(default)s)")
+parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (one variant's child process)
 args = parser.parse_args()
 variants = args.variants.split(",")
 unknown = [v for v in variants if v not in VARIANTS]
 if unknown:
     parser.error(f"--variants: unknown {unknown}; allowed: {list(VARIANTS)}")
+if not args.in_process:
+    print("| format | variant | " + " | ".join(f"M={m}" for m in args.ms) + " | repeatable at the largest M |\n"
+          "|---|---|" + "---|" * (len(args.ms) + 1), flush=True)
+    for v in variants:  # one process each: every variant's weights land in the same allocations
+        child = subprocess.run([sys.executable, __file__, args.formats, ",".join(map(str, args.ms)), "--variants", v,
+                                "--in-process"], capture_output=True, text=True)
+        rows = [line for line in child.stdout.splitlines() if line.startswith("| ")]
+        print("\n".join(rows) if child.returncode == 0 else f"| {v} | failed: {child.stderr.strip()[-300:]} |",
+              flush=True)
+    sys.exit(0)
 
 
 def build(qws: list, settings: dict) -> list:
@@ -60,8 +76,6 @@ def build(qws: list, settings: dict) -> list:
 
 n = k = 8192
 torch.manual_seed(0)
-print("| format | variant | " + " | ".join(f"M={m}" for m in args.ms) + " | repeatable at the largest M |\n|---|---|"
-      + "---|" * (len(args.ms) + 1), flush=True)
 for name in args.formats.split(","):
     qws = [hg.scheme(name).quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
     layers = {v: build(qws, VARIANTS[v]) for v in variants}

@@ -32,16 +32,19 @@ echo "pytest rc=$? (124: timed out)" >> "$OUT/gpu-tests-full.log"
 grep -E "(^| )(FAILED|ERROR) " "$OUT/gpu-tests-full.log" | head -n 30
 tail -n 12 "$OUT/gpu-tests-full.log" | tee "$OUT/gpu-tests.log"
 if [ "${HG_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  # The three tools side by side on each sample (2026-12-04: memcheck and synccheck of bench/sanitize_sample.py
-  # finished inside 400 s so; racecheck did not, and reports the two-CTA cluster kernels' multicast writes, which it
-  # cannot order, as races). NOTE: --report-api-errors no: cuda-bindings probes driver entry points that do not exist
-  # (benign host API errors); kernel memory errors and races are still reported.
-  for sample in sanitize_sample sanitize_moe; do  # the MoE / 8-bit sample: ragged routing, 8-bit split-K, MXFP8
+  # All six runs at once (three tools x two samples; the MoE / 8-bit one: ragged routing, 8-bit split-K, MXFP8), so the
+  # whole takes at most HG_SANITIZE_TIMEOUT s (2026-12-04, three at once: memcheck and synccheck of
+  # bench/sanitize_sample.py clean inside 400 s; racecheck not done by then, and it reports the two-CTA cluster
+  # kernels' multicast writes, which it cannot order, as races). NOTE: --report-api-errors no: cuda-bindings probes
+  # driver entry points that do not exist (benign host API errors); kernel memory errors and races still show.
+  for sample in sanitize_sample sanitize_moe; do
     for tool in memcheck racecheck synccheck; do
       timeout "${HG_SANITIZE_TIMEOUT:-400}" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
         python3 bench/$sample.py > "$OUT/$sample-$tool.log" 2>&1 &
     done
-    wait
+  done
+  wait
+  for sample in sanitize_sample sanitize_moe; do
     for tool in memcheck racecheck synccheck; do
       echo "compute-sanitizer $tool ($sample): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize (sample|moe)' \
         "$OUT/$sample-$tool.log" | tr '\n' ' ')"

@@ -1,8 +1,9 @@
 """The e8m0 activation-scale decode the generated kernels use, compiled for the host and run over all 256 codes:
 byte e is 2^(e - 127), code 0 the subnormal 2^-127, code 255 (the format's NaN) infinity as before. The kernels
 decode by a shift and a max against 2^-127 (one FMNMX; a compare and a select cost MXFP8 some 40 % on the H200,
-docs/DEVELOPING.md), so this checks the very expression text of each kernel family that reads e8m0 bytes: the
-warp-specialized swap-AB kernels (staged bytes and global reads), MoE gathers, and the standard pipeline."""
+docs/DEVELOPING.md), so this checks the very expression text of every kernel that reads e8m0 bytes: the
+warp-specialized swap-AB kernels (staged bytes and global reads), tokens on wgmma's M, indexed and grouped MoE (staged,
+and read through the routing or the window's rows), and the standard pipeline."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 import humming_gen as hg
@@ -19,6 +21,7 @@ from humming_gen.codegen import compose
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build
+from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 from humming_gen.targets import get_target
 from moe_host import ws_moe_plans
 
@@ -40,9 +43,15 @@ def _sources() -> dict[str, str]:
     std = LayerConfig(n=1024, k=2048, scheme="w8a8-mxfp8")
     out["standard-sm89"] = build(compose(std, ComputeConfig(), choose_tunings(std, sm89, stored=False).for_m(1), sm89),
                                  compile=False).source
-    moe = LayerConfig(n=1024, k=2048, scheme=hg.QuantScheme("float8e4m3", group_size=32, scale_dtype="float8e8m0",
-                                                            activation=MXFP8), num_experts=8)
-    out["moe-indexed"] = build(ws_moe_plans(moe, ComputeConfig(gemm="indexed"), (128,))[0], compile=False).source
+    tokens_m = LayerConfig(n=4096, k=4096, scheme=attrs.evolve(hg.scheme("w8a8-fp8-block128"), activation=MXFP8))
+    out["ws-tokens-m"] = build(compose(tokens_m, ComputeConfig(), shared_weight_tunings(tokens_m, sm90, tokens_m_from=1)
+                                       .for_m(1024), sm90), compile=False).source
+    scheme = hg.QuantScheme("float8e4m3", group_size=32, scale_dtype="float8e8m0", activation=MXFP8)
+    for k in (2048, 2048 + 64):  # staged bytes; K not whole stages: read through the routing / the window's rows
+        moe = LayerConfig(n=1024, k=k, scheme=scheme, num_experts=8)
+        for gemm in ("indexed", "grouped_contiguous"):
+            out[f"moe-{gemm}-k{k}"] = build(ws_moe_plans(moe, ComputeConfig(gemm=gemm), (64,))[0],
+                                            compile=False).source
     return out
 
 
@@ -50,6 +59,8 @@ SOURCES = _sources()
 
 
 def test_every_e8m0_decode_is_the_shift_and_max() -> None:
+    assert "sc[h] = fmaxf" in SOURCES["ws-tokens-m"] and "min(m, p.m - 1)" in SOURCES["moe-grouped_contiguous-k2112"]
+    assert "row >= 0 ? fmaxf" in SOURCES["moe-indexed-k2112"]  # (each source has the decode it is here for)
     for name, src in SOURCES.items():
         assert DECODE.search(src), f"{name}: no e8m0 decode found"
         assert "0x00400000u)" not in DECODE.sub("", src), f"{name}: an e8m0 decode of another form"

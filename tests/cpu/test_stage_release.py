@@ -42,6 +42,7 @@ def _fenced():
     for scheme in ("w8a8-fp8-block128", "w8a8-mxfp8", "w4a8-mxfp4-fp8"):
         for m in (1, 16, 1024):  # split-K tiles of 8 / 16 tokens, and 128-token tiles
             yield f"{scheme}-m{m}", _default(scheme, m)
+    yield "w4a8-mxfp4-fp8-m4096", _default("w4a8-mxfp4-fp8", 4096)  # 192 register-weight tokens: not deferred
     w4a8 = LayerConfig(n=4096, k=4096, scheme="w4a8-mxfp4-fp8")  # nibbles widened by the producer warpgroup
     yield "w4a8-mxfp4-fp8-widened", compose(w4a8, ComputeConfig(), widened_weight_tunings(w4a8, SM90).for_m(1024),
                                             SM90)
@@ -70,6 +71,34 @@ UNFENCED += [("w4a8-fold-moe-indexed", ws_moe_plans(LayerConfig(n=1024, k=2048, 
 SASS_PLANS = FENCED + UNFENCED
 
 
+HELD = "release_stage(ring, stage == 0 ? cfg::kStages - 1 : stage - 1);"  # the stage before the current one
+LOOP = "for (int kt = tc.kt_begin; kt < tc.kt_end; ++kt) {"
+
+
+def check_deferred_releases(src: str) -> int:
+    """Every consumer k loop of a deferred-release kernel (components.DEFERRED_RELEASE) releases the previous stage
+    once, after its stage wait and first wgmma commit and only past the unit's first k tile, and the unit's last
+    stage after the loop, before the epilogue: a release of the current stage races, a missing one hangs. Returns
+    the loops checked."""
+    consumers = src[src.index("void consume("):]
+    assert "release_stage(ring, stage)" not in consumers, "a deferred kernel releases its current stage"
+    loops = 0
+    start = consumers.find(LOOP)
+    while start >= 0:
+        end = consumers.index("if (++stage == cfg::kStages)", start)
+        body = consumers[start:end]
+        assert body.count(HELD) == 1, body
+        line = body[body.rindex("\n", 0, body.index(HELD)):body.index(HELD)]
+        assert "if (" in line and "kt > tc.kt_begin" in line, line
+        assert body.index("wait_stage(stage, phase);") < body.index("wgmma_commit();") < body.index(HELD)
+        epilogue = min(i for i in (consumers.find("store_output(", end), consumers.find("split_k_publish(", end))
+                       if i >= 0)
+        assert f"if (tc.kt_end > tc.kt_begin) {HELD}" in consumers[end:epilogue], "no release after the k loop"
+        loops += 1
+        start = consumers.find(LOOP, end)
+    return loops
+
+
 @pytest.mark.parametrize("plan", [p for _, p in FENCED], ids=[i for i, _ in FENCED])
 def test_consumers_release_through_the_fence(plan) -> None:
     src = build(plan, compile=False).source
@@ -78,9 +107,22 @@ def test_consumers_release_through_the_fence(plan) -> None:
     assert body.group(1).lstrip().startswith("fence_loads();"), body.group(1)
     outside = src.replace(body.group(0), "")
     assert "mbarrier_arrive(ring.empty_bars" not in outside, "a consumer arrives on an empty barrier unfenced"
-    # right after the stage's last promotion, or (components.DEFERRED_RELEASE) held until the next stage's first
-    # wgmmas are issued and at the end of a unit's k loop
-    assert outside.count("release_stage(ring, stage)") + outside.count("release_stage(ring, (stage + ") >= 1
+    # held until the next stage's first wgmmas are issued (components.DEFERRED_RELEASE), but in register-weight
+    # tiles of more than 128 tokens, which release a stage right after its last promotion
+    if plan.tuning.block_m > 128 and plan.tuning.b_operand != "shared":
+        assert HELD not in outside and outside.count("release_stage(ring, stage)") >= 1
+    else:
+        assert check_deferred_releases(src) >= 1
+
+
+def test_the_deferred_release_check_sees_a_wrong_or_missing_release() -> None:
+    src = build(FENCED[0][1], compile=False).source
+    assert check_deferred_releases(src) >= 1
+    for broken in (src.replace(HELD, "release_stage(ring, stage);", 1),  # the current stage: a race
+                   src.replace(f"if (tc.kt_end > tc.kt_begin) {HELD}", ""),  # the unit's last: a hang
+                   src.replace(f"kt > tc.kt_begin) {HELD}", f"true) {HELD}", 1)):  # one before the first stage
+        with pytest.raises(AssertionError):
+            check_deferred_releases(broken)
 
 
 def test_kernels_without_staged_scales_have_no_fence() -> None:

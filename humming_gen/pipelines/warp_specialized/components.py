@@ -262,14 +262,12 @@ class RingSkeleton:
                 "a_origin": a_origin, "staged_store": self.staged_store, "cluster": self.clustered,
                 "release_after_loads": self.release_after_loads,
                 # a consumer's release of a stage: its own arrival, or (cluster) its warp's on both CTAs' barriers;
-                # after its loads of the stage where release_after_loads; deferred (release_held), the previous
-                # stage once this one's first wgmmas are issued, and the unit's last before its epilogue
-                "deferred_release": self.deferred_release,
+                # after its loads of the stage where release_after_loads; deferred_release: the previous stage
+                # (held_stage) once this one's first wgmmas are issued, and the unit's last after its k loop
                 "release_stage": ("release_stage(ring, stage)" if self.clustered or self.release_after_loads
                                   else "mbarrier_arrive(ring.empty_bars + 8 * stage)"),
-                "release_held": "if (kt > tc.kt_begin) release_stage(ring, (stage + cfg::kStages - 1) % cfg::kStages)",
-                "release_last": ("if (tc.kt_end > tc.kt_begin) release_stage(ring, (stage + cfg::kStages - 1) % "
-                                 "cfg::kStages)"),
+                "deferred_release": self.deferred_release,
+                "held_stage": "stage == 0 ? cfg::kStages - 1 : stage - 1",
                 # store_output's last argument: this consumer warp's staging buffer
                 "staging_arg": (f", ring.smem + cfg::kStages * (cfg::kStageBytes + "
                                 f"{ring_barrier_bytes(self.widened)}) + (kWg * 4 + w) * cfg::kStagingBytes"
