@@ -24,7 +24,7 @@ products of the dequantized experts (relative Frobenius error).
     python bench/moe_bench.py --dry-run              # no GPU: the plan, token tiles and anchor tables
     python bench/moe_bench.py --pipeline standard    # QuantMoE's kernels all standard (default: on sm_90a the
                                                      # warp-specialized ones from 17 rows per expert on, W8A8's all)
-    python bench/moe_bench.py --ws-option PREFETCH_CHUNK_ROWS=0  # a switch of pipelines.warp_specialized.compose
+    python bench/moe_bench.py --ws-option PREFETCH_CHUNK_ROWS=0  # a switch of the warp-specialized pipeline
                                                                 # set for the run (the default's before / after)
     python bench/moe_bench.py --topk-reduce atomic   # GEMM2 adds into fp32 token rows (whole-layer table only)
     python bench/moe_bench.py --down-gemm indexed    # every bucket's down GEMM through the routing (default: the
@@ -79,7 +79,9 @@ class Model(NamedTuple):
 
 
 ALL_MS = (1, 16, 128, 1024, 4096)
-WS_OPTIONS = ("PREFETCH_CHUNK_ROWS",)  # pipelines.warp_specialized.compose switches for --ws-option
+# switches of the warp-specialized pipeline for --ws-option, and their module under humming_gen.pipelines.warp_specialized
+WS_OPTIONS = {"PREFETCH_CHUNK_ROWS": "compose", "RELEASE_FENCE": "components", "DEFERRED_RELEASE": "components",
+              "PROXY_FENCE_AFTER_BULK": "components"}
 MODELS = {
     "deepseek": Model("DeepSeek-V3 per rank (TP8)", 256, 8, 7168, 256, "silu_mul", "split", False,
                       {"w13": (1, 128, 4096), "w2": (1, 4096), "layer": (1, 128, 4096)},
@@ -163,8 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline", default=None, choices=("standard", "warp_specialized"),
                    help="QuantMoE's indexed kernels all on this pipeline (default: the heuristics' choice per bucket)")
     p.add_argument("--ws-option", action="append", default=[], metavar="NAME=VALUE",
-                   help=f"set a switch of pipelines.warp_specialized.compose for the run, an int "
-                        f"({', '.join(WS_OPTIONS)}; repeatable), e.g. PREFETCH_CHUNK_ROWS=0")
+                   help=f"set a switch of the warp-specialized pipeline (its compose or components module) for the "
+                        f"run, an int ({', '.join(WS_OPTIONS)}; repeatable), e.g. PREFETCH_CHUNK_ROWS=0, "
+                        f"DEFERRED_RELEASE=0")
     args = p.parse_args(argv)
     options = {}
     for item in args.ws_option:
@@ -955,10 +958,11 @@ def run(args: argparse.Namespace, entries: list[dict]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.ws_option:
-        from humming_gen.pipelines.warp_specialized import compose as ws_compose
+        import importlib
 
         for name, value in args.ws_option.items():
-            setattr(ws_compose, name, type(getattr(ws_compose, name))(value))
+            module = importlib.import_module(f"humming_gen.pipelines.warp_specialized.{WS_OPTIONS[name]}")
+            setattr(module, name, type(getattr(module, name))(value))
     entries = plan(args)
     results = dry_run(args, entries) if args.dry_run else run(args, entries)
     write_json(results, args.out)
