@@ -4,7 +4,8 @@
 # Tests: HG_TEST_PATHS (default tests/gpu); HG_TEST_PART=I/N (part I of N of the files, dealt by test counts);
 # HG_PYTEST_ARGS (default -q; -v names each test as it ends, which a timed-out run still shows); HG_XDIST (workers,
 # default 8); HG_FAILURE_LOG (default $OUT/gpu-test-failures.log: each failure's traceback as it happens).
-# Switches (1 = on): HG_SANITIZE, HG_SMOKE (bench command, examples, MoE timing, eager gap), HG_A8_BENCH, HG_BENCH.
+# Switches (1 = on): HG_SANITIZE (HG_SANITIZE_TIMEOUT s, default 400, for all six sanitizer runs at once), HG_SMOKE
+# (bench command, examples, MoE timing, eager gap), HG_A8_BENCH, HG_BENCH.
 # The whole of it takes more than one 600 s call: e.g. HG_TEST_PART=1/2 HG_SANITIZE=0 HG_SMOKE=0 HG_A8_BENCH=0
 # HG_BENCH=0 first, then HG_TEST_PART=2/2 with the rest, or the rest alone with a -k expression that selects no test
 # ("nothing_at_all").
