@@ -1,9 +1,9 @@
 """The e8m0 activation-scale decode the generated kernels use, compiled for the host and run over all 256 codes:
 byte e is 2^(e - 127), code 0 the subnormal 2^-127, code 255 (the format's NaN) infinity as before. The kernels
 decode by a shift and a max against 2^-127 (one FMNMX; a compare and a select cost MXFP8 some 40 % on the H200,
-docs/DEVELOPING.md), so this checks the very expression text of every kernel that reads e8m0 bytes: the
-warp-specialized swap-AB kernels (staged bytes and global reads), tokens on wgmma's M, indexed and grouped MoE (staged,
-and read through the routing or the window's rows), and the standard pipeline."""
+docs/DEVELOPING.md; the one macro of templates/numeric/e8m0.cuh.j2), so this checks the rendered text of every kernel
+that reads e8m0 bytes: the warp-specialized swap-AB kernels (staged bytes and global reads), tokens on wgmma's M,
+indexed and grouped MoE (staged, and read through the routing or the window's rows), and the standard pipeline."""
 
 from __future__ import annotations
 
