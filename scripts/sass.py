@@ -1,5 +1,5 @@
 """Disassemble one generated kernel: the M bucket's kernel of a preset layer, compiled for a target, with an
-instruction histogram of its hottest loop. Needs cuobjdump (on PATH or in $CUOBJDUMP) and the nvdisasm it calls;
+instruction histogram of its hottest loop. Needs cuobjdump ($CUOBJDUMP, on PATH or from the wheel) and the nvdisasm it calls;
 both come as PyPI wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
     python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--loop | --full] [--fold-scales]
@@ -11,13 +11,13 @@ import argparse
 import collections
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 
 import humming_gen as hg
 from humming_gen.config import LayerConfig
 from humming_gen.heuristics import choose_tunings
+from humming_gen.runtime.cache import _cuda_tool
 from humming_gen.targets import get_target
 
 
@@ -42,7 +42,7 @@ def main() -> None:
         import attrs
         tuning = attrs.evolve(tuning, **json.loads(args.tuning))
     kernel = hg.compile(layer, tuning_config=tuning, target=target)
-    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    tool = os.environ.get("CUOBJDUMP") or _cuda_tool("cuobjdump")  # (PATH, else the NVIDIA wheels' bin folders)
     if tool is None:
         raise SystemExit("cuobjdump not found: set $CUOBJDUMP")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

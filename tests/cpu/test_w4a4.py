@@ -10,9 +10,7 @@ significant nibble, row g (+8 for odd r), column 8t + (i % 8) (+32 for r = 2, 3)
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -221,22 +219,7 @@ def test_compiles_without_spills(scheme, target: str, ms) -> None:
         assert_no_spills(build(_plan(scheme, target, m, has_bias=True)), m)
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia
-
-        for root in nvidia.__path__:
-            for p in Path(root).glob("**/bin/cuobjdump"):
-                return str(p)
-    except ImportError:
-        pass
-    return None
-
-
-@pytest.mark.skipif(_cuobjdump() is None or _cuda_tool("nvdisasm") is None,
+@pytest.mark.skipif(_cuda_tool("cuobjdump") is None or _cuda_tool("nvdisasm") is None,
                     reason="cuobjdump and the nvdisasm it runs not found")
 @pytest.mark.parametrize("target,sass", [("sm_80", "IMMA.16864.S4.S4"), ("sm_89", "IMMA.16864.S4.S4"),
                                          ("sm_90a", "IMMA.16832.S8.S8")])
@@ -246,7 +229,7 @@ def test_sass_of_the_s4_mma(target: str, sass: str, tmp_path) -> None:
     kernel = build(_plan(CHANNEL, target, 1, n=4096, k=4096))
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(kernel.compiled.cubin)
-    out = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([_cuda_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     assert sass in out
 
 
