@@ -9,7 +9,6 @@ value read, or a MEMBAR, before the arrival."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import attrs
@@ -21,7 +20,7 @@ from humming_gen.heuristics import choose_tunings
 from humming_gen.kernel import build
 from humming_gen.pipelines.warp_specialized.heuristics import (activation_multicast, tokens_m_tuning,
                                                                weight_multicast, widened_weight_tunings)
-from humming_gen.runtime.cache import _cuda_tool
+from humming_gen.runtime.cache import _cuda_tool, _sass as disassemble
 from humming_gen.targets import get_target
 from moe_host import ws_moe_plans
 
@@ -202,8 +201,9 @@ def arrivals_without_membar(sass: str) -> list[str]:
 def _sass(plan, tmp_path: Path) -> str:
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(build(plan).compiled.cubin)
-    return subprocess.run([_cuda_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                          check=True).stdout
+    sass = disassemble(cubin)
+    assert sass is not None, "cuobjdump could not disassemble the cubin"
+    return sass
 
 
 @pytest.mark.skipif(_cuda_tool("cuobjdump") is None or _cuda_tool("nvdisasm") is None,
