@@ -138,13 +138,39 @@ class ElementCode(Component):
     element: DType
     convert: str | None
     value_type: str  # "float" or "double"
+    # quotient_near: x times the scale's reciprocal where that product rounds as the quotient does (near_quotient)
+    near: bool = option_field()
+
+    def __attrs_post_init__(self) -> None:
+        if self.near and not near_quotient(self.element, self.value_type):
+            raise ValueError(f"quotient_near serves float elements with fp32 scales, got {self.element.name} with "
+                             f"{self.value_type} scales")
 
     def extra_context(self) -> dict[str, Any]:
         fmt = self.element
         nan = _nan_code(fmt) if isinstance(fmt, FloatType) else None
         inf = fmt.inf_code if isinstance(fmt, FloatType) else None
-        return {"element": fmt.name, "bits": fmt.bits, "mask": hex((1 << fmt.bits) - 1),
-                "nan_code": None if nan is None else hex(nan), "inf_code": None if inf is None else hex(inf)}
+        context = {"element": fmt.name, "bits": fmt.bits, "mask": hex((1 << fmt.bits) - 1),
+                   "nan_code": None if nan is None else hex(nan), "inf_code": None if inf is None else hex(inf)}
+        if self.near:  # fp32 bit patterns: the element's normal binades, and its rounding midpoints inside one
+            low_bits = 23 - fmt.mantissa_bits  # fp32 mantissa bits below the element's last one
+            top = math.frexp(fmt.max_finite)[1] - 1  # the binade of the largest finite value
+            context.update(near_low_mask=hex((1 << low_bits) - 1), near_half=hex(1 << (low_bits - 1)),
+                           near_margin=NEAR_MARGIN_ULPS, near_lo=hex((1 - fmt.bias + 127) << 23),
+                           near_hi=hex((top + 1 + 127) << 23))
+        return context
+
+
+#: fp32 ulps between x * reciprocal and every rounding midpoint for the product to be taken (quotient_near): the
+#: product is within 2 ulps of the exact quotient (reciprocal and product each rounded to nearest), so 4 leaves margin.
+NEAR_MARGIN_ULPS = 4
+
+
+def near_quotient(element: DType, value_type: str) -> bool:
+    """Whether quotient_near serves the element: a float format with exponent bits and at most 20 mantissa bits
+    (its midpoints lie inside an fp32 mantissa), divided by an fp32 scale."""
+    return (isinstance(element, FloatType) and element.exponent_bits > 0 and element.mantissa_bits <= 20
+            and value_type == "float")
 
 
 @attrs.frozen
@@ -159,6 +185,7 @@ class VectorIO(Component):
     bits: int
     quantize: bool  # False in the tensor_amax kernel: loads and amax only
     panels: bool = option_field()  # 8-bit codes in the panel layout (QuantizeConfig.panels): codes_at
+    near_quotient: bool = option_field()  # quantize_vector divides through ElementCode's quotient_near
 
     def extra_context(self) -> dict[str, Any]:
         return {"input_type": INPUT_TYPE[self.input_dtype], "store_bytes": self.vector * self.bits // 8,

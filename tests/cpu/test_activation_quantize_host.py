@@ -33,9 +33,12 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 static inline u32 f32_bits(float x) { u32 b; std::memcpy(&b, &x, 4); return b; }
 static inline float bits_f32(u32 b) { float x; std::memcpy(&x, &b, 4); return x; }
 static inline float div_rn(float a, float b) { return a / b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
 static inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline int rint_s32(float x) {
   if (x != x) return 0;
@@ -71,7 +74,7 @@ int main() {
     }
     const BlockScale s = block_scale(bits_f32(amax) GLOBAL_ARG);
     std::printf("%u", s.code);
-    for (int i = 0; i < n; ++i) std::printf(" %u", encode_pair(quotient(x[i], s.value), 0.0f) & MASK);
+    for (int i = 0; i < n; ++i) std::printf(" %u", encode_pair(QUOTIENT, 0.0f) & MASK);
     std::printf("\n");
   }
   return 0;
@@ -96,14 +99,20 @@ SCHEMES = {
 }
 
 
-def _build(scheme: A, tmp_path):
+def _build(scheme: A, tmp_path, near: bool = True):
+    """`near`: the elements divided as quantize_vector divides them where ElementCode.near (x times the scale's
+    reciprocal away from rounding midpoints); False: every element by the exact quotient."""
     cfg = QuantizeConfig(scheme, "float32", get_target("sm_80"))  # sm_80: no cvt, the software path
     env = environment()
     parts = [PRELUDE]
+    near_used = False
     for c in components(cfg):
         if isinstance(c, (Rounding, BlockScaleRule, ElementCode)):
+            near_used = near_used or (isinstance(c, ElementCode) and c.near and near)
             parts.append(env.get_template(c.template).render(**c.context()))
     main = MAIN.replace("MASK", str((1 << scheme.dtype.bits) - 1))
+    main = main.replace("QUOTIENT", "quotient_near(x[i], s.value, __frcp_rn(s.value))" if near_used
+                        else "quotient(x[i], s.value)")
     if scheme.global_scale:
         main = main.replace("GLOBAL_READ", "u32 g_bits; std::scanf(\"%u\", &g_bits); const float g = bits_f32(g_bits);")
         main = main.replace("GLOBAL_ARG", ", g")
@@ -149,6 +158,14 @@ def _blocks(scheme: A, seed: int) -> list[torch.Tensor]:
         nudge = torch.randint(-1, 2, (n - 1,), generator=g)
         x = torch.nextafter(x, x + nudge.to(torch.float32) * torch.inf) if i % 2 else x
         rows.append(torch.cat([torch.tensor([amax], dtype=torch.float32), x]))
+    for i in range(12):  # fp32 quotients up to 7 ulps from the ties: both sides of quotient_near's margin
+        amax = float(torch.rand(1, generator=g)) * 10.0 ** float(torch.randint(-3, 3, (1,), generator=g)) + 0.5
+        scale = amax / qmax
+        t = torch.tensor([ties[int(j)] for j in torch.randint(0, len(ties), (n - 1,), generator=g)], dtype=torch.float64)
+        x = (t * scale).to(torch.float32).view(torch.int32) + torch.randint(-7, 8, (n - 1,), generator=g,
+                                                                            dtype=torch.int32)
+        x = x.view(torch.float32).clamp(max=amax) * torch.where(torch.rand(n - 1, generator=g) < 0.5, -1.0, 1.0)
+        rows.append(torch.cat([torch.tensor([amax], dtype=torch.float32), x]))
     rows.append(torch.zeros(n))
     sub = torch.tensor([1e-45, -3e-44, 1.2e-38, -5e-39] * n)[:n]
     rows.append(sub)
@@ -165,10 +182,11 @@ def _blocks(scheme: A, seed: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("near", [True, False], ids=["near", "exact"])
 @pytest.mark.parametrize("name", list(SCHEMES))
-def test_software_rounding_matches_reference(name, tmp_path):
+def test_software_rounding_matches_reference(name, near, tmp_path):
     scheme = SCHEMES[name]
-    exe = _build(scheme, tmp_path)
+    exe = _build(scheme, tmp_path, near)
     rows = _blocks(scheme, seed=len(name))
     lines = [str(len(rows))]
     refs = []

@@ -108,6 +108,40 @@ def test_other_input_dtypes(name, dtype):
     _check(hg.quantize_activation(x, scheme), x, scheme)
 
 
+def _near_midpoints(scheme: A, k: int, seed: int) -> torch.Tensor:
+    """fp32 rows whose quotients by their scale lie within 7 fp32 ulps of the element's rounding midpoints, on both
+    sides and on them (up to the fp32 rounding of x): where the kernels take the exact division instead of x times
+    the scale's reciprocal (activation ElementCode.near), beside cases just past its margin. Each row keeps its amax
+    element, so its scale is the reference's for that amax (per group: every group's first element)."""
+    from humming_gen.schemes.quantize import quantize_activation as reference
+
+    g = torch.Generator().manual_seed(seed)
+    fmt = scheme.dtype
+    values = sorted({v for v in fmt.decode(torch.arange(1 << (fmt.bits - 1))).tolist() if math.isfinite(v)})
+    midpoints = torch.tensor([(a + b) / 2 for a, b in zip(values, values[1:])], dtype=torch.float64)
+    rows = []
+    for amax in (3.0, 0.37, 1234.5):
+        row = torch.zeros(k, dtype=torch.float32)
+        step = scheme.group_size if scheme.granularity == "group" else k
+        row[::step] = amax
+        scale = float(reference(scheme, row[None], None).scales.reshape(-1)[0].to(torch.float64))
+        near = (midpoints[torch.randint(len(midpoints), (k,), generator=g)] * scale).to(torch.float32)
+        near = (near.view(torch.int32) + torch.randint(-7, 8, (k,), generator=g, dtype=torch.int32)).view(torch.float32)
+        near = torch.minimum(near, torch.tensor(amax)) * (1 - 2 * torch.randint(0, 2, (k,), generator=g))
+        rows.append(torch.where(row == amax, row, near))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "fp8e4m3-g128", "mxfp8-rceil"])
+def test_quotients_near_rounding_midpoints(name):
+    """Codes of quotients within a few ulps of the element's rounding midpoints, bit for bit as the reference's."""
+    scheme = SCHEMES[name]
+    x = _near_midpoints(scheme, 4096, seed=len(name)).cuda()
+    _poison_allocator(x.device)
+    _check(hg.quantize_activation(x, scheme), x, scheme)
+    _check(hg.quantize_activation(x, scheme, layout="panels"), x, scheme)
+
+
 @pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e5m2-token", "fp8e4m3-g32", "fp8e5m2-g128", "nvfp4"])
 def test_software_rounding_on_the_device(name):
     """The software path the targets without a cvt instruction run, on this device."""
