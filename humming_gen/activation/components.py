@@ -151,6 +151,7 @@ class ElementCode(Component):
         nan = _nan_code(fmt) if isinstance(fmt, FloatType) else None
         inf = fmt.inf_code if isinstance(fmt, FloatType) else None
         context = {"element": fmt.name, "bits": fmt.bits, "mask": hex((1 << fmt.bits) - 1),
+                   "pair_mask": hex((1 << 2 * fmt.bits) - 1),
                    "nan_code": None if nan is None else hex(nan), "inf_code": None if inf is None else hex(inf)}
         if self.near:  # fp32 bit patterns: the element's normal binades, and its rounding midpoints inside one
             low_bits = 23 - fmt.mantissa_bits  # fp32 mantissa bits below the element's last one

@@ -29,10 +29,12 @@ INPUT_DTYPES = ("bfloat16", "float16", "float32")
 STAGES = ("quantize", "amax")
 THREADS = 256
 #: Float codes of fp32-scaled elements from x times the scale's reciprocal where that product rounds as the quotient
-#: does (ElementCode.near; the exact division elsewhere, so the codes stay bit-identical). The per-token kernel was
-#: issue-bound (H200, 4096 x 8192 bf16 -> fp8 panels: 49.2 us, 73 % of issue slots busy, 1.8 TB/s; ncu). H200, graph
-#: us of the quantization alone at 8192 columns (bench/dense_kernel_times.py, --exact-division for False), M = 4096:
-#: per token 63.0 -> 57.9, 1 x 128 groups 68.0 -> 60.8; M = 1024 and below level. False divides every element.
+#: does, a vector at a time (ElementCode.near; the exact division elsewhere, so the codes stay bit-identical): 12
+#: instructions an element on the fast path instead of 24 (per-token fp8 SASS). The per-token kernel had 73 % of its
+#: issue slots busy (H200, 4096 x 8192 bf16 -> fp8 panels: 49.2 us, 1.8 TB/s; ncu), yet the time moved less: graph us
+#: of the quantization alone at 8192 columns and M = 4096 (bench/dense_kernel_times.py, --exact-division for False),
+#: two machines: per token 63.0 -> 57.9 and 64.9 -> 60.8, 1 x 128 groups 68.0 -> 60.8 and 69.0 -> 66.0; M = 1024 and
+#: below level. False divides every element (for measurements).
 NEAR_QUOTIENT = True
 PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
 ROW_WARPS_MAX_VECTORS = 256  # per-token rows of at most this many vectors take one warp each (8 vectors per lane)

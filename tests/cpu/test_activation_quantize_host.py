@@ -74,7 +74,7 @@ int main() {
     }
     const BlockScale s = block_scale(bits_f32(amax) GLOBAL_ARG);
     std::printf("%u", s.code);
-    for (int i = 0; i < n; ++i) std::printf(" %u", encode_pair(QUOTIENT, 0.0f) & MASK);
+    for (int i = 0; i < n; ++i) std::printf(" %u", encode_pair(quotient(x[i], s.value), 0.0f) & MASK);
     std::printf("\n");
   }
   return 0;
@@ -101,7 +101,7 @@ SCHEMES = {
 
 def _build(scheme: A, tmp_path, near: bool = True):
     """`near`: the elements divided as quantize_vector divides them where ElementCode.near (x times the scale's
-    reciprocal away from rounding midpoints); False: every element by the exact quotient."""
+    reciprocal where it rounds as the quotient, rounds_as_quotient); False: every element by the exact quotient."""
     cfg = QuantizeConfig(scheme, "float32", get_target("sm_80"))  # sm_80: no cvt, the software path
     env = environment()
     parts = [PRELUDE]
@@ -111,8 +111,11 @@ def _build(scheme: A, tmp_path, near: bool = True):
             near_used = near_used or (isinstance(c, ElementCode) and c.near and near)
             parts.append(env.get_template(c.template).render(**c.context()))
     main = MAIN.replace("MASK", str((1 << scheme.dtype.bits) - 1))
-    main = main.replace("QUOTIENT", "quotient_near(x[i], s.value, __frcp_rn(s.value))" if near_used
-                        else "quotient(x[i], s.value)")
+    # (quantize_vector takes a vector's products where every one rounds as its quotient; element by element here)
+    near_code = ("rounds_as_quotient(__fmul_rn(x[i], __frcp_rn(s.value))) ? "
+                 "encode_pair_finite(__fmul_rn(x[i], __frcp_rn(s.value)), 0.0f) : encode_pair(quotient(x[i], s.value), 0.0f)")
+    if near_used:
+        main = main.replace("encode_pair(quotient(x[i], s.value), 0.0f)", f"({near_code})")
     if scheme.global_scale:
         main = main.replace("GLOBAL_READ", "u32 g_bits; std::scanf(\"%u\", &g_bits); const float g = bits_f32(g_bits);")
         main = main.replace("GLOBAL_ARG", ", g")
