@@ -18,6 +18,7 @@ import torch
 
 from humming_gen.activation.components import BlockScaleRule, ElementCode, Rounding
 from humming_gen.activation.kernel import QuantizeConfig, components
+from humming_gen.formats import FloatType
 from humming_gen.codegen.render import environment
 from humming_gen.schemes.scheme import ActivationScheme as A
 from humming_gen.targets import get_target
@@ -39,6 +40,10 @@ static inline float bits_f32(u32 b) { float x; std::memcpy(&x, &b, 4); return x;
 static inline float div_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline bool normal_reciprocal(float s) {  // quantize_vector's check of its reciprocal
+  const u32 e = f32_bits(1.0f / s) & 0x7F800000u;
+  return e != 0u && e != 0x7F800000u;
+}
 static inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline int rint_s32(float x) {
   if (x != x) return 0;
@@ -96,6 +101,8 @@ SCHEMES = {
     "mxfp4-even": A("float4e2m1", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="even"),
     "nvfp4": A("float4e2m1", granularity="group", group_size=16, scale_dtype="float8e4m3", global_scale=True),
     "int4-g32-bf16scale": A("int4", granularity="group", group_size=32, scale_dtype="bfloat16"),
+    # a custom float whose largest value is under 4: the big rows' scales pass 2^126, the reciprocal is subnormal
+    "e1m2-token": A(FloatType(1, 2)),
 }
 
 
@@ -112,7 +119,7 @@ def _build(scheme: A, tmp_path, near: bool = True):
             parts.append(env.get_template(c.template).render(**c.context()))
     main = MAIN.replace("MASK", str((1 << scheme.dtype.bits) - 1))
     # (quantize_vector takes a vector's products where every one rounds as its quotient; element by element here)
-    near_code = ("rounds_as_quotient(__fmul_rn(x[i], __frcp_rn(s.value))) ? "
+    near_code = ("normal_reciprocal(s.value) && rounds_as_quotient(__fmul_rn(x[i], __frcp_rn(s.value))) ? "
                  "encode_pair_finite(__fmul_rn(x[i], __frcp_rn(s.value)), 0.0f) : encode_pair(quotient(x[i], s.value), 0.0f)")
     if near_used:
         main = main.replace("encode_pair(quotient(x[i], s.value), 0.0f)", f"({near_code})")
@@ -161,7 +168,7 @@ def _blocks(scheme: A, seed: int) -> list[torch.Tensor]:
         nudge = torch.randint(-1, 2, (n - 1,), generator=g)
         x = torch.nextafter(x, x + nudge.to(torch.float32) * torch.inf) if i % 2 else x
         rows.append(torch.cat([torch.tensor([amax], dtype=torch.float32), x]))
-    for i in range(12):  # fp32 quotients up to 7 ulps from the ties: both sides of quotient_near's margin
+    for i in range(12):  # fp32 quotients up to 7 ulps from the ties: both sides of rounds_as_quotient's margin
         amax = float(torch.rand(1, generator=g)) * 10.0 ** float(torch.randint(-3, 3, (1,), generator=g)) + 0.5
         scale = amax / qmax
         t = torch.tensor([ties[int(j)] for j in torch.randint(0, len(ties), (n - 1,), generator=g)], dtype=torch.float64)
@@ -217,3 +224,16 @@ def test_software_rounding_matches_reference(name, near, tmp_path):
         want = float(ref.scales.reshape(-1)[0])
         assert (got_scale == want) or (math.isnan(got_scale) and math.isnan(want)), \
             f"{name} row {r}: scale {got_scale!r} (code {scale_code:#x}), reference {want!r}"
+
+
+def test_near_path_only_for_formats_inside_fp32s_range() -> None:
+    """rounds_as_quotient's range test works on fp32 bit patterns: a format whose normal range leaves fp32's (fp32
+    infinities would pass it; a review's case: bias -100, codes 124 / 255 where the reference has 0 / 128) divides
+    every element."""
+    from humming_gen.activation.components import near_quotient
+
+    for fmt in ("float8e4m3", "float8e5m2", "float4e2m1"):
+        assert near_quotient(A(fmt).dtype, "float") and not near_quotient(A(fmt).dtype, "double")
+    assert not near_quotient(FloatType(5, 2, bias=-100, nan="ieee"), "float")  # largest finite past 2^128
+    assert not near_quotient(FloatType(8, 3, bias=140), "float")  # smallest normal below 2^-126
+    assert not near_quotient(A("int8").dtype, "float")
