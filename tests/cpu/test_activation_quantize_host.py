@@ -103,6 +103,8 @@ SCHEMES = {
     "int4-g32-bf16scale": A("int4", granularity="group", group_size=32, scale_dtype="bfloat16"),
     # a custom float whose largest value is under 4: the big rows' scales pass 2^126, the reciprocal is subnormal
     "e1m2-token": A(FloatType(1, 2)),
+    # no mantissa bits: a tie's even code is set by the exponent field's last bit
+    "e3m0-token": A(FloatType(3, 0)),
 }
 
 
