@@ -12,7 +12,7 @@ from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
 from humming_gen.layer.weights import (PreparedWeight, fold_serves, layout_key, prepare_weight, resolve_device,
-                                      scales_fold)
+                                      scales_fold, static_input_scale)
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.schemes.quantize import MAX_PANEL_ROWS
 from humming_gen.targets import Target
@@ -94,7 +94,7 @@ class QuantLinear(torch.nn.Module):
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
         act = self.activation_scheme
         if act is not None and own_activation and qweight.input_scale is not None and act.granularity == "tensor":
-            self._static_scale = qweight.input_scale.detach().reshape(1).to(torch.float32)
+            self._static_scale = static_input_scale(qweight.input_scale, "QuantLinear: qweight")
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
         if self.fold_scales and not fold_serves(self.layer_config, self.tunings, self.target):
             self.layer_config = attrs.evolve(self.layer_config, fold_scales=False)

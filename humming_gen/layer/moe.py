@@ -26,7 +26,7 @@ from humming_gen.layer.compute_type import kernel_reasons, resolve
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.gate_up import gate_up_tile_order, permute_rows
 from humming_gen.layer.ops import register_layer
-from humming_gen.layer.weights import PreparedWeight, fold_serves, resolve_device, scales_fold
+from humming_gen.layer.weights import PreparedWeight, fold_serves, resolve_device, scales_fold, static_input_scale
 from humming_gen.schemes import QuantizedWeight, QuantScheme
 from humming_gen.targets import Target
 
@@ -391,7 +391,7 @@ class QuantMoE(torch.nn.Module):
                 + f"\nPass weight_only=True to run the experts with {_DTYPE_NAME[self.dtype]} activations")
         if q.input_scale is None or act.granularity != "tensor":
             return None
-        return q.input_scale.detach().reshape(1).to(self.device, torch.float32)
+        return static_input_scale(q.input_scale, f"QuantMoE: {name}").to(self.device)
 
     # --- constructors ------------------------------------------------------------------------
     @classmethod

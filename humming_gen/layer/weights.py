@@ -3,6 +3,7 @@ the kernel's pipeline."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import attrs
@@ -44,6 +45,17 @@ def prepare_weight(plan: "KernelPlan", qw: QuantizedWeight, device: "torch.devic
     from humming_gen.pipelines.registry import get_pipeline
 
     return get_pipeline(plan.pipeline).prepare_weight(plan, qw, device)
+
+
+def static_input_scale(input_scale: torch.Tensor, owner: str) -> torch.Tensor:
+    """A checkpoint's per-tensor input_scale as the one-element fp32 static activation scale, refused unless it is
+    positive and finite: the kernels divide by it unchecked (a negative scale mis-rounded codes, a zero one gives
+    infinities). Read once when the layer is built (one host sync there, none in forward)."""
+    scale = input_scale.detach().reshape(1).to(torch.float32)
+    value = float(scale.cpu()[0])
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{owner}.input_scale: a static activation scale must be positive and finite, got {value!r}")
+    return scale
 
 
 def scales_fold(qweight: QuantizedWeight) -> bool:

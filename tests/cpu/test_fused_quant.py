@@ -226,6 +226,21 @@ def test_quantlinear_fuses_per_tensor_scales_only_when_static() -> None:
     assert any(static.quantizes_in_gemm)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.01, float("inf"), float("nan")])
+def test_static_scales_must_be_positive_and_finite(bad) -> None:
+    """The kernels divide by a checkpoint's input_scale unchecked: the layers refuse a bad one when built."""
+    qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(256, 512))
+    qw.input_scale = torch.tensor([bad])
+    with pytest.raises(ValueError, match=r"QuantLinear: qweight\.input_scale: .*positive and finite"):
+        hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
+    scheme = hg.scheme("w8a8-fp8-tensor")
+    q13 = scheme.quantize(torch.randn(4, 256, 128))
+    q2 = scheme.quantize(torch.randn(4, 128, 128))
+    q2.input_scale = torch.tensor([bad])
+    with pytest.raises(ValueError, match=r"QuantMoE: q2\.input_scale: .*positive and finite"):
+        hg.QuantMoE.from_quantized(q13, q2, target="sm_90a", device="cpu")
+
+
 def test_quantize_a_plan_leaves_large_m_alone() -> None:
     layer = LayerConfig(n=8192, k=8192, scheme="w8a8-int8-channel")
     plan = choose_tunings(layer, get_target("sm_90a"), stored=False, register_weights=True)
