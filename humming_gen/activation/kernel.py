@@ -208,6 +208,8 @@ def components(cfg: QuantizeConfig) -> list:
     s = cfg.scheme
     e8m0 = s.scale_dtype.name == "float8e8m0"
     partials = cfg.needs_amax_pass and cfg.stage == "quantize"
+    value_type = "double" if s.global_scale else "float"
+    near = cfg.stage == "quantize" and NEAR_QUOTIENT and near_quotient(s.dtype, value_type)
     out: list = []
     if cfg.pdl:
         out.append(GridDependency())
@@ -238,13 +240,9 @@ def components(cfg: QuantizeConfig) -> list:
                                       floor=floor, global_scale=s.global_scale, global_divisor=divisor))
         else:
             out.append(StaticScale())
-        value_type = "double" if s.global_scale else "float"
-        near = NEAR_QUOTIENT and near_quotient(s.dtype, value_type)
         out.append(ElementCode(element=s.dtype, convert=cfg.convert, value_type=value_type, near=near))
     out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
-                        quantize=cfg.stage == "quantize", panels=cfg.panels,
-                        near_quotient=cfg.stage == "quantize" and NEAR_QUOTIENT
-                        and near_quotient(s.dtype, "double" if s.global_scale else "float")))
+                        quantize=cfg.stage == "quantize", panels=cfg.panels, near_quotient=near))
     if cfg.kind in ("tensor_amax", "quantize_rows") or partials:
         out.append(BlockMax(partials=partials))
     out.append(Skeleton(kind=cfg.kind, kernel_name=cfg.kernel_name, input_dtype=cfg.input_dtype,
