@@ -37,6 +37,14 @@ THREADS = 256
 #: below level. False divides every element (for measurements).
 NEAR_QUOTIENT = True
 PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
+#: Vectors of a row each thread of quantize_rows loads at once and holds (raw) between the amax and the quantization
+#: (16 registers at 16 bytes a vector: all of a bf16 row of 8192 at 256 threads); the rest of longer rows is read
+#: twice. quantize_row_warps holds all of its rows (ROW_WARPS_MAX_VECTORS / 32 a lane). H200, graph us with cold
+#: inputs (bench/quantize_times.py), fp8 per token, panels, M = 1024 / 4096: K = 8192 17.2 / 48.7 -> 15.2 / 45.5,
+#: K = 16384 36.4 / 96.4 -> 31.7 / 89.8; K = 2048 (warp rows) 9.0 / 21.1 -> 7.7 / 17.7; int8 per token 8192 at 4096
+#: 48.2 -> 43.4. 8 held: slower (49.4 at 8192, 97.3 at 16384: fewer CTAs resident). Loading 4 vectors at once per
+#: thread in quantize_group_lanes was level at large M and twice as slow at small M (a quarter of the CTAs), not kept.
+HELD_VECTORS = 4
 ROW_WARPS_MAX_VECTORS = 256  # per-token rows of at most this many vectors take one warp each (8 vectors per lane)
 VERSION = "0.1.0"
 
@@ -264,6 +272,9 @@ def constants(cfg: QuantizeConfig) -> list[tuple[str, int, str]]:
         out.append(("kPartials", PARTIALS, "per-CTA amaxes of the tensor_amax kernel"))
     if cfg.row_warps:
         out.append(("kRowsPerCta", cfg.rows_per_cta, "one warp per row"))
+    if cfg.kind in ("quantize_rows", "quantize_row_warps"):
+        held = ROW_WARPS_MAX_VECTORS // 32 if cfg.row_warps else HELD_VECTORS
+        out.append(("kHeldVectors", held, "vectors a thread loads at once and holds"))
     return out
 
 

@@ -99,6 +99,23 @@ def test_short_rows_match_reference(name, m, k):
     _check(got, x, scheme)
 
 
+@pytest.mark.parametrize("layout", ["rows", "panels"])
+@pytest.mark.parametrize("k", [4096, 8192, 8320, 20480])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("name", ["fp8e4m3-token", "int8-token", "fp8e4m3-tensor"])
+def test_long_rows_held_and_read_again(name, dtype, k, layout):
+    """A CTA-per-row thread loads its first kHeldVectors vectors at once and holds them through the amax; vectors past
+    them (K above 8192 bf16 / 4096 fp32 at 256 threads) are read in both passes. Odd rows take their amax in the held
+    part, even rows past it (at the last column), so a pass that skips either part changes a scale."""
+    scheme = SCHEMES[name]
+    x = _random(37, k, torch.float32, seed=k + len(name))
+    x[0::2, -1] = 1e4
+    x[1::2, 0] = -1e4
+    x = x.to(dtype).cuda()
+    _poison_allocator(x.device)
+    _check(hg.quantize_activation(x, scheme, layout=layout), x, scheme)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("name", ["fp8e4m3-token", "fp8e4m3-g128", "mxfp8-rceil", "nvfp4", "int8-tensor"])
 def test_other_input_dtypes(name, dtype):
