@@ -2,10 +2,10 @@
 the rate they reach in bytes read plus written: per token, 1 x 128 groups, MXFP8 (group 32, e8m0), int8 per token
 and NVFP4, rows or panels layout, bf16 rows of 2048 (a warp per row), 7168, 8192 and 16384 columns.
 
-    python bench/quantize_times.py [--ms 1,64,1024,4096] [--ks 2048,7168,8192,16384] [--held 4] [--steps 4]
+    python bench/quantize_times.py [--ms 1,64,1024,4096] [--ks 2048,7168,8192,16384] [--held 4]
 
---held / --steps set activation.kernel.HELD_VECTORS / GROUP_LANE_STEPS (vectors a thread of the per-token kernel
-holds, vectors a thread of the group kernel quantizes) before any kernel is built.
+--held sets activation.kernel.HELD_VECTORS (vectors a thread of the per-token kernel loads at once and holds) before
+any kernel is built.
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ parser.add_argument("--schemes", default=",".join(SCHEMES))
 parser.add_argument("--ms", default="1,64,1024,4096", type=ms_argument("--ms"))
 parser.add_argument("--ks", default="2048,7168,8192,16384")
 parser.add_argument("--held", type=int, default=None)
-parser.add_argument("--steps", type=int, default=None)
 parser.add_argument("--label", default="")
 args = parser.parse_args()
-for name, value in (("HELD_VECTORS", args.held), ("GROUP_LANE_STEPS", args.steps)):
-    if value is not None:
-        setattr(activation_kernel, name, value)
+if args.held is not None:
+    activation_kernel.HELD_VECTORS = args.held
 L2_BYTES = torch.cuda.get_device_properties(0).L2_cache_size
 
 print(f"| variant | scheme | layout | M | K | graph us | GB/s |\n|---|---|---|---|---|---|---|")
