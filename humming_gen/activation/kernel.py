@@ -46,6 +46,7 @@ PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
 #: thread in quantize_group_lanes was level at large M and twice as slow at small M (a quarter of the CTAs), not kept.
 HELD_VECTORS = 4
 ROW_WARPS_MAX_VECTORS = 256  # per-token rows of at most this many vectors take one warp each (8 vectors per lane)
+assert ROW_WARPS_MAX_VECTORS % 32 == 0, "quantize_row_warps holds ROW_WARPS_MAX_VECTORS / 32 vectors a lane"
 VERSION = "0.1.0"
 
 
@@ -80,7 +81,8 @@ class QuantizeConfig(standalone.StandaloneConfig):
     otherwise element loads. static: the per-tensor (or NVFP4 global) scale is read from a device pointer.
     hardware_convert: use the target's cvt pair conversion where the element format has one (tests turn it off
     to run the software rounding on the same device). row_warps: one warp per row, kRowsPerCta rows per CTA
-    (per-token scales only; quantize_activation takes it for rows of at most ROW_WARPS_MAX_VECTORS vectors).
+    (per-token scales only) for rows of at most ROW_WARPS_MAX_VECTORS vectors: a lane holds all of its vectors of a
+    row and reads no further (quantize_activation takes this kernel only for such rows).
     panels: 8-bit codes in the panel layout (quantize_activation(layout="panels")), which the warp-specialized
     8-bit GEMMs copy a stage of in one bulk copy; Params.ldq is then the panel stride, m * 128 bytes.
     """

@@ -99,18 +99,21 @@ def test_short_rows_match_reference(name, m, k):
     _check(got, x, scheme)
 
 
-@pytest.mark.parametrize("layout", ["rows", "panels"])
-@pytest.mark.parametrize("k", [4096, 8192, 8320, 20480])
+@pytest.mark.parametrize("k,layout", [(k, layout) for k in (4096, 8192, 8320, 20480) for layout in ("rows", "panels")]
+                         + [(2050, "rows")])  # (the panels layout needs K a multiple of 128)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("name", ["fp8e4m3-token", "int8-token", "fp8e4m3-tensor"])
 def test_long_rows_held_and_read_again(name, dtype, k, layout):
     """A CTA-per-row thread loads its first kHeldVectors vectors at once and holds them through the amax; vectors past
-    them (K above 8192 bf16 / 4096 fp32 at 256 threads) are read in both passes. Odd rows take their amax in the held
-    part, even rows past it (at the last column), so a pass that skips either part changes a scale."""
+    them (K above 8192 bf16 / 4096 fp32 at 256 threads, and above 1024 elements with element loads: K = 2050) are
+    read in both passes. Each row's amax sits at its own vector, (257 r) mod the row's vectors, so the rows cover
+    every held slot and the re-read part; a pass that skips any of them changes a scale."""
     scheme = SCHEMES[name]
     x = _random(37, k, torch.float32, seed=k + len(name))
-    x[0::2, -1] = 1e4
-    x[1::2, 0] = -1e4
+    vector = 1 if k * dtype.itemsize % 16 else 16 // dtype.itemsize  # element loads, or 16 bytes
+    vectors = -(-k // vector)
+    for r in range(x.shape[0]):
+        x[r, ((257 * r) % vectors) * vector] = 1e4 * (-1) ** r
     x = x.to(dtype).cuda()
     _poison_allocator(x.device)
     _check(hg.quantize_activation(x, scheme, layout=layout), x, scheme)

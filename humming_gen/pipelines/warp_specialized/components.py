@@ -186,6 +186,10 @@ RELEASE_FENCE = True
 #: (the fence then waits while the tensor cores work) instead of right after the stage's last promotion; False only to
 #: time it (bench/release_fence_bench.py).
 DEFERRED_RELEASE = True
+#: Token tiles up to which the overlapped promotion loop reads a half's staged fp32 activation scales before the
+#: wgmma wait that precedes its promotion (the FFMAs then do not wait on shared memory: fp8 group-32 x MXFP4, 3072 x
+#: 4096, M = 4096, 333.1 -> 311.9 us on the H200); the 8 registers a half spill the larger tiles (176 and 192 tokens).
+PRELOAD_SCALES_MAX_TOKENS = 128
 #: The 8-bit consumers' proxy fence after a stage's wait where the activation codes came by bulk copy (async proxy,
 #: as the wgmmas read them): not needed, and a MEMBAR.ALL.CTA per stage; True only to time it.
 PROXY_FENCE_AFTER_BULK = False
@@ -491,4 +495,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 "a_bulk": self.a_bulk, "producer_cp_async": self.producer_cp_async, "overlap": self.overlap,
                 # wgmma (async proxy) reads codes a generic-proxy cp.async wrote, or a widened panel
                 "consumer_proxy_fence": self.consumer_proxy_fence,
-                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float"}
+                "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float",
+                # the overlapped halves read a half's fp32 activation scales before the wgmma wait of its promotion
+                # (8 registers a half; tiles above 128 tokens would spill)
+                "preload_scales": (self.overlap and self.staged_activation_scales and not self.staged_e8m0
+                                   and self.block_m <= PRELOAD_SCALES_MAX_TOKENS)}
