@@ -1,7 +1,8 @@
 """Issue 10's group-32 case: MXFP4 weights at M = 4096 with fp8 activations per token, per group of 32 (fp32
 scales) and MXFP8 (e8m0 group-32 scales), beside cuBLAS bf16; CUDA-graph us per layer, the activation
 quantization included (canonical method: distinct layers rotated, median of replays). With --variants, each
-activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False) and with 128-token tiles, and
+activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False), with its staged scales read
+after the wgmma wait as before 702693c (components.PRELOAD_SCALES_MAX_TOKENS=0), with 128-token tiles, and
 MXFP8 with its e8m0 scales read from global memory at each promotion (compose_a8.STAGE_E8M0_SCALES=False; staged with
 the codes by default), at 64 and 128 tokens. With --bf16-emulation, MXFP8 also as its exact bf16 emulation (a
 probe, not a library path): x quantized to MXFP8 and dequantized in torch (e4m3 codes times powers of two are exact
@@ -18,7 +19,7 @@ import humming_gen as hg
 from bench_dense import graph_time_us
 from humming_gen.bench.timing import cold_layer_count
 from humming_gen.pipelines.base import TuningPlan
-from humming_gen.pipelines.warp_specialized import compose_a8
+from humming_gen.pipelines.warp_specialized import compose_a8, components as ws_components
 from humming_gen.pipelines.warp_specialized.heuristics import restaged
 from humming_gen.reference import reference_gemm
 from humming_gen.targets import Target
@@ -32,7 +33,8 @@ parser.add_argument("--variants", action="store_true",
                          "its e8m0 scales read from global memory")
 parser.add_argument("--bf16-emulation", action="store_true", help="MXFP8 also as its exact bf16 emulation (a probe)")
 args = parser.parse_args()
-VARIANTS = ({"": {}, " (one set)": {"overlap": False}, " t128": {"block_m": 128},
+VARIANTS = ({"": {}, " (one set)": {"overlap": False}, " (scales after the wait)": {"preload": 0},
+             " t128": {"block_m": 128},
              " read": {"stage_e8m0": False, "block_m": 64}, " read t128": {"stage_e8m0": False, "block_m": 128}}
             if args.variants else {"": {}})
 M = 4096
@@ -42,9 +44,10 @@ target = Target.current()
 
 def build(qws, variant: dict) -> list:
     """QuantLinears of `qws`: the heuristics' tunings, or their open-ended bucket's with `variant` applied."""
-    defaults = compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES
+    defaults = compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES, ws_components.PRELOAD_SCALES_MAX_TOKENS
     compose_a8.OVERLAP_PROMOTION = variant.get("overlap", defaults[0])
     compose_a8.STAGE_E8M0_SCALES = variant.get("stage_e8m0", defaults[1])
+    ws_components.PRELOAD_SCALES_MAX_TOKENS = variant.get("preload", defaults[2])
     try:
         if "block_m" not in variant:
             return [hg.QuantLinear.from_quantized(q) for q in qws]
@@ -53,7 +56,7 @@ def build(qws, variant: dict) -> list:
         tuning = restaged(plan.layer, target, plan.tuning, block_m=variant["block_m"])
         return [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, tuning),))) for q in qws]
     finally:
-        compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES = defaults
+        compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES, ws_components.PRELOAD_SCALES_MAX_TOKENS = defaults
 
 
 def applies(act: hg.ActivationScheme, variant: dict) -> bool:
