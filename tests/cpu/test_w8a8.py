@@ -352,6 +352,27 @@ def _constants(src: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (\w+) = (-?\d+);", src)}
 
 
+def check_e8m0_pairs(src: str, c: dict[str, int]) -> None:
+    """The consumers' two bytes of m tile j (the promotion's e0, e1, read at promotion or preloaded before the wgmma
+    wait) are tokens 8j + 2t and 8j + 2t + 1 of the group slot, in the stage's [kBlockM][kStageActivationGroups]
+    bytes."""
+    groups = c["kStageActivationGroups"]
+    base = re.findall(r"stage_group_slot<cfg::kActivationGroupK>\(kt, pg\) \+\s+(.+?) \* cfg::kStageActivationGroups;",
+                      src)
+    reads = re.findall(r"const u32 e([01]) = a_bytes\[(.+?)\];", src)
+    assert base and reads, "the e8m0 byte reads"
+    pairs = [args for args in re.findall(r"make_float2\(([^;]*)\);", src) if re.search(r"\be0\b", args)]
+    assert pairs and all(re.search(r"\be0\b.*\be1\b", args, re.S) for args in pairs), pairs  # (x: token 8j + 2t)
+    py = lambda e: e.replace("cfg::", "").replace("threadIdx.x % 4", "t")  # noqa: E731
+    for e, index in reads:
+        for j in range(c["kWarpMTiles"]):
+            for t in range(4):
+                for slot in range(groups):
+                    env = {"t": t, "j": j, "tile": j, "kStageActivationGroups": groups}
+                    byte = slot + eval(py(base[0]), env) * groups + eval(py(index), env)
+                    assert divmod(byte, groups) == (8 * j + 2 * t + int(e), slot), (e, index, j, t, slot)
+
+
 @pytest.mark.parametrize("scheme,m", [("w8a8-fp8-block128", 1000), ("w8a8-fp8-block128", 64), ("w8a8-mxfp8", 1000),
                                       ("w4a8-int4-g128-int8", 1000)])
 def test_staged_group_scales_fit_the_stage_and_pair_each_token(scheme: str, m: int) -> None:
@@ -376,6 +397,7 @@ def test_staged_group_scales_fit_the_stage_and_pair_each_token(scheme: str, m: i
     if activation_e8m0(plan.layer):  # e8m0 bytes, [kBlockM][kStageActivationGroups] (the test of staged e8m0 scales)
         assert c["kActivationScaleOffset"] + c["kBlockM"] * c["kStageActivationGroups"] <= c["kStageBytes"]
         assert "const u32 e = m < p.m ? a_scales[" not in src
+        check_e8m0_pairs(src, c)
         return
     end += c["kStageActivationGroups"] * c["kBlockM"] * 4
     assert end <= c["kStageBytes"] == -(-end // 1024) * 1024
