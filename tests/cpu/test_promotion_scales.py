@@ -1,11 +1,9 @@
-"""The overlapped promotion loop of the 8-bit warp-specialized kernels with staged fp32 activation group scales (fp8
-group-32 activations x MXFP4 weights, issue 10's group-32 case) loads a token half's scale pairs before the
-wgmma wait that precedes its promotion. Read after the wait (before 702693c), every FFMA of the promotion waited on
-its shared load (ncu, 3072 x 4096 at M = 4096: short-scoreboard stalls on the FFMAs, 24 % of warp samples; the
-preload measured 333.1 -> 311.9 us there on the H200). Checked in the SASS: between a WARPGROUP.DEPBAR and the next,
-no FFMA of the k loop reads a register that a shared load wrote after the DEPBAR. (Unfolded MXFP4 weights, not the
-default where the e8m0 scales fold: their staged weight group scales are still read after the wait, so they are not
-checked here.)"""
+"""The overlapped promotion loop of the 8-bit warp-specialized kernels reads what a promotion multiplies by before
+the wgmma wait that precedes it: a token half's activation scale pairs (fp32, or staged e8m0 bytes decoded) and the
+group's weight scales. Read after the wait (before 702693c), every FFMA of the promotion waited on its shared load
+(ncu, fp8 group-32 x MXFP4 at 3072 x 4096, M = 4096: short-scoreboard stalls on the FFMAs, 24 % of warp samples;
+the fp32 preload measured 333.1 -> 311.9 us there on the H200). Checked in the SASS: between a WARPGROUP.DEPBAR and
+the next, no FFMA of the k loop reads a register that a shared load wrote after the DEPBAR."""
 
 from __future__ import annotations
 
@@ -24,14 +22,23 @@ from test_stage_release import _instructions, _loaded, _opcode, _reads, _sass
 
 SM90 = get_target("sm_90a")
 FP8_G32 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=32)
+MXFP8 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0")
 
 
 def _plans():
-    layer = LayerConfig(n=3072, k=4096, scheme=hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0",
-                                                              activation=FP8_G32), fold_scales=True)
-    for m in (200, 4096):
-        yield f"mxfp4-fp8g32-m{m}", compose(layer, ComputeConfig(), choose_tunings(layer, SM90, stored=False).for_m(m),
-                                            SM90)
+    for fold in (True, False):  # folded e8m0 weight scales (the default), or staged weight group scales
+        layer = LayerConfig(n=3072, k=4096, fold_scales=fold, scheme=hg.QuantScheme(
+            "float4e2m1", group_size=32, scale_dtype="float8e8m0", activation=FP8_G32))
+        for m in (200, 4096):
+            yield f"mxfp4-fp8g32-fold{int(fold)}-m{m}", compose(
+                layer, ComputeConfig(), choose_tunings(layer, SM90, stored=False).for_m(m), SM90)
+    # staged e8m0 bytes, decoded before the wait: MXFP8 weights and activations, and MXFP4 x MXFP8 folded
+    for name, layer in (("mxfp8", LayerConfig(n=3072, k=4096, scheme="w8a8-mxfp8")),
+                        ("mxfp4-mxfp8", LayerConfig(n=3072, k=4096, fold_scales=True, scheme=hg.QuantScheme(
+                            "float4e2m1", group_size=32, scale_dtype="float8e8m0", activation=MXFP8)))):
+        for m in (200, 4096):
+            yield f"{name}-m{m}", compose(layer, ComputeConfig(), choose_tunings(layer, SM90, stored=False).for_m(m),
+                                          SM90)
 
 
 PLANS = list(_plans())
@@ -59,8 +66,8 @@ def scale_loads_after_wait(sass: str) -> tuple[int, list[str]]:
 def test_the_source_reads_a_halfs_scales_before_its_wait(plan) -> None:
     src = generate(plan)
     for h in (0, 1):
-        assert src.index(f"pairs{h}[jj] = a_pairs[") < src.index(f"const float2 pair = pairs{h}[jj];")
-    assert src.index("pairs0[jj] = a_pairs[") < src.index("wgmma_wait<1>();  // half 0 of group pg has retired")
+        assert src.index(f"pairs{h}[jj] = ") < src.index(f"const float2 pair = pairs{h}[jj];")
+    assert src.index("pairs0[jj] = ") < src.index("wgmma_wait<1>();  // half 0 of group pg has retired")
 
 
 @pytest.mark.skipif(_cuda_tool("cuobjdump") is None or _cuda_tool("nvdisasm") is None,

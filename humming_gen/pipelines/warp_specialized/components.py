@@ -496,7 +496,8 @@ class WarpSpecializedA8Pipeline(RingSkeleton, Component):
                 # wgmma (async proxy) reads codes a generic-proxy cp.async wrote, or a widened panel
                 "consumer_proxy_fence": self.consumer_proxy_fence,
                 "staged_e8m0": self.staged_e8m0, "a_scale_type": "unsigned char" if self.staged_e8m0 else "float",
-                # the overlapped halves read a half's fp32 activation scales before the wgmma wait of its promotion
-                # (8 registers a half; tiles above 128 tokens would spill)
-                "preload_scales": (self.overlap and self.staged_activation_scales and not self.staged_e8m0
+                # the overlapped halves read a promotion's staged scales (a half's activation scales, fp32 or e8m0
+                # bytes decoded, and the group's weight scales) before its wgmma wait (8 registers a half; tiles
+                # above 128 tokens would spill)
+                "preload_scales": (self.overlap and (self.staged_activation_scales or self.weight_groups)
                                    and self.block_m <= PRELOAD_SCALES_MAX_TOKENS)}
