@@ -18,6 +18,7 @@ _EXPORTS = {
     "QuantizedWeight": "humming_gen.schemes.scheme",
     "QuantizedActivation": "humming_gen.schemes.quantize",
     "quantize_activation": "humming_gen.activation.api",
+    "fake_quantize_activation": "humming_gen.activation.api",
     "moe_align": "humming_gen.moe.align",
     "MoeAlignment": "humming_gen.reference.moe",
     "scheme": ("humming_gen.schemes.presets", "preset"),

@@ -31,12 +31,12 @@ class _Plan:
                  "scale_torch", "config", "_row_warps")
 
     def __init__(self, scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
-                 hardware_convert: bool, panels: bool = False):
+                 hardware_convert: bool, panels: bool = False, dequantize: str | None = None):
         element_bytes = dtype.itemsize
         dtype_name = _INPUT_DTYPES[dtype]
         wide = row_wide and (scheme.granularity != "group" or scheme.group_size * element_bytes % 16 == 0)
         cfg = QuantizeConfig(scheme, dtype_name, target, static=static, wide=wide, hardware_convert=hardware_convert,
-                             panels=panels)
+                             panels=panels, dequantize=dequantize)
         self.scheme, self.target, self.kernel, self.config = scheme, target, build(cfg), cfg
         self._row_warps = None  # per-token scales of short rows: one warp per row, built on first use
         self.amax = (build(QuantizeConfig(scheme, dtype_name, target, wide=row_wide, stage="amax"))
@@ -71,14 +71,14 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(scheme: ActivationScheme, dtype: torch.dtype, target: Target, static: bool, row_wide: bool,
-          hardware_convert: bool, panels: bool = False) -> _Plan:
+          hardware_convert: bool, panels: bool = False, dequantize: str | None = None) -> _Plan:
     """The cached plan (keyed by identity: hashing a scheme costs more than the rest of a call)."""
-    key = (id(scheme), id(target), dtype, static, row_wide, hardware_convert, panels)
+    key = (id(scheme), id(target), dtype, static, row_wide, hardware_convert, panels, dequantize)
     plan = _plans.get(key)
     if plan is None or plan.scheme is not scheme or plan.target is not target:
         if len(_plans) >= 256:  # a bound on memory (and on ids of collected schemes)
             _plans.clear()
-        plan = _plans[key] = _Plan(scheme, dtype, target, static, row_wide, hardware_convert, panels)
+        plan = _plans[key] = _Plan(scheme, dtype, target, static, row_wide, hardware_convert, panels, dequantize)
     return plan
 
 
@@ -199,6 +199,19 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
         global_scale = (static_scale.reshape(()).to(torch.float32) if static
                         else torch.empty((), dtype=torch.float32, device=device))
         values["global_scale"] = global_scale.data_ptr()
+    _launch(plan, values, m, k, groups, device)
+    if panels:
+        return QuantizedActivation(scheme, codes, scales, global_scale, layout="panels")
+    row_bytes = plan.row_bytes(k)
+    if row_bytes != codes.shape[1]:
+        codes = codes[:, :row_bytes]
+    if x.dim() != 2:
+        codes = codes.reshape(*x.shape[:-1], row_bytes)
+    return QuantizedActivation(scheme, codes, scales, global_scale, layout="kernel")
+
+
+def _launch(plan: _Plan, values: dict[str, int], m: int, k: int, groups: int, device: torch.device) -> None:
+    """The plan's kernels on filled Params values: the amax pass where the scale needs one, then the quantize kernel."""
     index = device.index or 0
     if plan.amax is not None:
         partials = torch.empty(PARTIALS, dtype=torch.float32, device=device)
@@ -214,14 +227,52 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     else:
         kernel, rows_per_cta = plan.rows_kernel(k)
         kernel.launch(-(-m // rows_per_cta), values, index)
-    if panels:
-        return QuantizedActivation(scheme, codes, scales, global_scale, layout="panels")
-    row_bytes = plan.row_bytes(k)
-    if row_bytes != codes.shape[1]:
-        codes = codes[:, :row_bytes]
-    if x.dim() != 2:
-        codes = codes.reshape(*x.shape[:-1], row_bytes)
-    return QuantizedActivation(scheme, codes, scales, global_scale, layout="kernel")
+
+
+_VALUE_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def fake_quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
+                             static_scale: torch.Tensor | None = None, *, dtype: torch.dtype = torch.bfloat16,
+                             hardware_convert: bool = True) -> torch.Tensor:
+    """The values of x quantized with `activation_scheme`, as a (..., K) tensor of `dtype` (bfloat16 or float16),
+    by one kernel on torch's current stream (two for a dynamic per-tensor scale).
+
+    Bit-identical to `activation_scheme.quantize(x).dequantize(dtype)` (each element's decode(code) * scale,
+    converted as torch converts the float64 product: to fp32, then to nearest in `dtype`) on the same input, except
+    that NaN elements come out as the CUDA conversion's canonical NaN. With e8m0 scales (MXFP8) every value of an
+    8-bit element is exact in bfloat16 (a code of at most 4 significant bits times a power of two; only groups whose
+    scale is below 2^-118 can lose bits to bf16's subnormals), so 16-bit GEMMs on these values compute the products
+    of the quantized GEMM (QuantLinear's dequantize_activations). The scales are computed but not returned. Schemes
+    with a global scale (NVFP4) are refused.
+    """
+    if dtype not in _VALUE_DTYPES:
+        raise ValueError(f"fake_quantize_activation: dtype is {dtype}; allowed: torch.bfloat16, torch.float16")
+    if isinstance(activation_scheme, ActivationScheme) and activation_scheme.global_scale:
+        raise ValueError("fake_quantize_activation: schemes with a global scale (NVFP4) are not served; use "
+                         "quantize_activation(...).dequantize(dtype)")
+    _check_input(x, activation_scheme, static_scale)
+    scheme = activation_scheme
+    device = x.device
+    k = x.shape[-1]
+    x2 = x if x.dim() == 2 and (x.shape[0] != 1 or x.stride(0) == k) else x.view(-1, k)
+    m = x2.shape[0]
+    element_bytes = x.element_size()
+    row_wide = k * element_bytes % 16 == 0 and x2.stride(0) * element_bytes % 16 == 0 and x2.data_ptr() % 16 == 0
+    static = static_scale is not None
+    plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert, False, _VALUE_DTYPES[dtype])
+    out = torch.empty((m, k), dtype=dtype, device=device)
+    groups = -(-k // scheme.group_size) if plan.group else 1
+    values = {"x": x2.data_ptr(), "ldx": x2.stride(0), "codes": out.data_ptr(), "ldq": out.stride(0) * 2, "m": m,
+              "k": k, "groups": groups}
+    if plan.tensor and static:
+        scale = static_scale.reshape(1).to(torch.float32)
+        values["tensor_scale"] = scale.data_ptr()
+    else:
+        scales = torch.empty((1 if plan.tensor else m, groups), dtype=plan.scale_torch, device=device)
+        values["scales"] = scales.data_ptr()
+    _launch(plan, values, m, k, groups, device)
+    return out.view(x.shape)
 
 
 class RowQuantizer:

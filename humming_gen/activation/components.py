@@ -190,10 +190,38 @@ class VectorIO(Component):
     quantize: bool  # False in the tensor_amax kernel: loads and amax only
     panels: bool = option_field()  # 8-bit codes in the panel layout (QuantizeConfig.panels): codes_at
     near_quotient: bool = option_field()  # quantize_vector takes x * reciprocal where rounds_as_quotient holds
+    dequantize: str | None = option_field(None)  # QuantizeConfig.dequantize: stores 16-bit values, not codes
 
     def extra_context(self) -> dict[str, Any]:
-        return {"input_type": INPUT_TYPE[self.input_dtype], "store_bytes": self.vector * self.bits // 8,
-                "mask": hex((1 << self.bits) - 1)}
+        store_bits = 16 if self.dequantize else self.bits
+        return {"input_type": INPUT_TYPE[self.input_dtype], "store_bytes": self.vector * store_bits // 8,
+                "store_bits": store_bits, "mask": hex((1 << self.bits) - 1),
+                "codes_type": "ElementCodes" if self.dequantize else "Codes",
+                "codes_words": "kElementCodeWords" if self.dequantize else "kCodeWords",
+                "encode_name": "element_codes" if self.dequantize else "quantize_vector"}
+
+
+@attrs.frozen
+class ElementValue(Component):
+    """QuantizeConfig.dequantize: element codes back to values, times the scale, rounded once to a 16-bit type."""
+
+    template: ClassVar[str] = "activation/element_value.cuh.j2"
+    family: ClassVar[str] = "numeric"
+    element: DType
+    convert: str | None  # "e4m3" / "e5m2": the pair cvt to f16x2 (else the software decode)
+    out_dtype: str  # "bfloat16" or "float16"
+    pair_cvt: bool  # cvt.rn.{bf16,f16}x2.f32 (sm_80+); else two scalar cvts
+
+    def extra_context(self) -> dict[str, Any]:
+        fmt = self.element
+        context: dict[str, Any] = {"element": fmt.name, "bits": fmt.bits, "mask": hex((1 << fmt.bits) - 1),
+                                   "ptx_type": {"bfloat16": "bf16", "float16": "f16"}[self.out_dtype],
+                                   "kind": "int" if isinstance(fmt, IntType) else "float",
+                                   "convert": self.convert if self.convert in ("e4m3", "e5m2") else None}
+        if isinstance(fmt, FloatType):
+            context.update(decoder_constants(fmt))
+            context["name"] = fmt.name
+        return context
 
 
 @attrs.frozen

@@ -16,8 +16,8 @@ import struct
 
 import attrs
 
-from humming_gen.activation.components import (BlockMax, BlockScaleRule, ElementCode, Rounding, ScalarPtx,
-                                               Skeleton, StaticScale, VectorIO, hardware_convert, near_quotient)
+from humming_gen.activation.components import (BlockMax, BlockScaleRule, ElementCode, ElementValue, Rounding,
+                                               ScalarPtx, Skeleton, StaticScale, VectorIO, hardware_convert, near_quotient)
 import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.ptx.wrappers import GridDependency
@@ -26,6 +26,7 @@ from humming_gen.schemes.scheme import ActivationScheme
 from humming_gen.targets import Target
 
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
+DEQUANTIZE_DTYPES = ("bfloat16", "float16")
 STAGES = ("quantize", "amax")
 THREADS = 256
 #: Float codes of fp32-scaled elements from x times the scale's reciprocal where that product rounds as the quotient
@@ -85,6 +86,9 @@ class QuantizeConfig(standalone.StandaloneConfig):
     row and reads no further (quantize_activation takes this kernel only for such rows).
     panels: 8-bit codes in the panel layout (quantize_activation(layout="panels")), which the warp-specialized
     8-bit GEMMs copy a stage of in one bulk copy; Params.ldq is then the panel stride, m * 128 bytes.
+    dequantize: "bfloat16" / "float16": store each element's dequantized value (decode(code) * scale in fp32,
+    rounded to nearest into that type, as torch converts the float64 product) instead of its code (fake_quantize_activation), for 16-bit GEMMs that run the scheme's values;
+    Params.codes is then the (m, k) values, row stride ldq bytes. The scales are stored as usual.
     """
 
     scheme: ActivationScheme
@@ -96,6 +100,7 @@ class QuantizeConfig(standalone.StandaloneConfig):
     hardware_convert: bool = True
     row_warps: bool = False
     panels: bool = False
+    dequantize: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.input_dtype not in INPUT_DTYPES:
@@ -117,6 +122,13 @@ class QuantizeConfig(standalone.StandaloneConfig):
         if self.panels and (self.bits != 8 or self.stage != "quantize"):
             problems.append(f"panels (the GEMMs' bulk-copied layout) holds 8-bit codes of the quantize stage, got "
                             f"{self.bits}-bit codes, stage {self.stage!r}")
+        if self.dequantize is not None:
+            if self.dequantize not in DEQUANTIZE_DTYPES:
+                problems.append(f"dequantize: got {self.dequantize!r}; allowed: {DEQUANTIZE_DTYPES}")
+            if self.panels or self.stage != "quantize" or self.scheme.global_scale:
+                problems.append("dequantize (16-bit values) serves the quantize stage in rows, without a global scale")
+            if self.dequantize == "bfloat16" and not self.target.has("mma_bf16"):
+                problems.append(f"dequantize='bfloat16' needs bf16 conversions, which {self.target.name} lacks")
         if self.stage == "amax" and not self.needs_amax_pass:
             problems.append("stage 'amax' exists only for a dynamic per-tensor or global scale")
         if problems:
@@ -183,6 +195,8 @@ class QuantizeConfig(standalone.StandaloneConfig):
         for name in ("row_warps", "panels"):  # (listed only when set: the other kernels keep their keys)
             if getattr(self, name):
                 out[name] = True
+        if self.dequantize:
+            out["dequantize"] = self.dequantize
         return out
 
     def summary(self) -> str:
@@ -201,13 +215,16 @@ class QuantizeConfig(standalone.StandaloneConfig):
             parts.append("rows=warp")
         if self.panels:
             parts.append("codes=panels")
+        if self.dequantize:
+            parts.append(f"stores={self.dequantize} values")
         return " ".join(parts)
 
     @property
     def kernel_name(self) -> str:
         s = self.scheme
         gran = f"g{s.group_size}" if s.granularity == "group" else s.granularity
-        name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}{'_p' if self.panels else ''}_" \
+        name = f"act_{self.stage}_{s.dtype.name}_{gran}{'_w' if self.row_warps else ''}{'_p' if self.panels else ''}" \
+               f"{'_dq_' + self.dequantize if self.dequantize else ''}_" \
                f"{s.scale_dtype.name}_" \
                f"{self.input_dtype}_{self.target.name}"
         return self.named(name)
@@ -251,8 +268,12 @@ def components(cfg: QuantizeConfig) -> list:
         else:
             out.append(StaticScale())
         out.append(ElementCode(element=s.dtype, convert=cfg.convert, value_type=value_type, near=near))
+        if cfg.dequantize:
+            out.append(ElementValue(element=s.dtype, convert=cfg.convert, out_dtype=cfg.dequantize,
+                                    pair_cvt=cfg.target.has("mma_bf16")))
     out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
-                        quantize=cfg.stage == "quantize", panels=cfg.panels, near_quotient=near))
+                        quantize=cfg.stage == "quantize", panels=cfg.panels, near_quotient=near,
+                        dequantize=cfg.dequantize))
     if cfg.kind in ("tensor_amax", "quantize_rows") or partials:
         out.append(BlockMax(partials=partials))
     out.append(Skeleton(kind=cfg.kind, kernel_name=cfg.kernel_name, input_dtype=cfg.input_dtype,
@@ -263,9 +284,15 @@ def components(cfg: QuantizeConfig) -> list:
 
 
 def constants(cfg: QuantizeConfig) -> list[tuple[str, int, str]]:
-    out = [("kThreads", THREADS, "threads per CTA"), ("kVector", cfg.vector, "elements per thread step"),
-           ("kCodeWords", max(1, cfg.vector * cfg.bits // 32 + (1 if cfg.vector * cfg.bits % 32 else 0)),
-            "32-bit words of one vector's codes")]
+    def words(bits: int) -> int:
+        return max(1, -(-cfg.vector * bits // 32))
+
+    out = [("kThreads", THREADS, "threads per CTA"), ("kVector", cfg.vector, "elements per thread step")]
+    if cfg.dequantize:
+        out += [("kCodeWords", words(16), f"32-bit words of one vector's {cfg.dequantize} values"),
+                ("kElementCodeWords", words(cfg.bits), "32-bit words of one vector's codes")]
+    else:
+        out.append(("kCodeWords", words(cfg.bits), "32-bit words of one vector's codes"))
     if cfg.scheme.granularity == "group" and cfg.stage == "quantize":
         out.append(("kGroupSize", cfg.scheme.group_size, "elements per scale"))
         if cfg.group_lanes:
@@ -286,8 +313,10 @@ def param_fields(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
     fields = [("x", "const void*", f"activations (m, k) {cfg.input_dtype}, row stride ldx elements"),
               ("ldx", "long long", "")]
     if cfg.stage == "quantize":
-        fields += [("codes", "unsigned char*", "8-bit codes in 128-column panels of m rows, panel stride ldq bytes"
-                    if cfg.panels else f"{cfg.bits}-bit codes, row stride ldq bytes"), ("ldq", "long long", "")]
+        codes = (f"{cfg.dequantize} values (m, k), row stride ldq bytes" if cfg.dequantize else
+                 "8-bit codes in 128-column panels of m rows, panel stride ldq bytes" if cfg.panels else
+                 f"{cfg.bits}-bit codes, row stride ldq bytes")
+        fields += [("codes", "unsigned char*", codes), ("ldq", "long long", "")]
         if not (s.granularity == "tensor" and cfg.static):
             fields.append(("scales", "void*", f"{s.scale_dtype.name} scales, (m, groups) row-major"))
         if s.granularity == "group":

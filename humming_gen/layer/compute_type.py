@@ -93,3 +93,65 @@ def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for:
                        "weights unchanged (strict=True %s instead)", who, act.dtype.name, target_name,
                        reasons[0], choice.compute_dtype, "runs the emulation" if emulated else "refuses")
     return choice
+
+
+def dequantized_activations_default(act: ActivationScheme, dtype_name: str, target: "Target") -> bool:
+    """Whether a layer runs `act`'s quantized values on the 16-bit kernels unless told otherwise: MXFP8-style
+    activations (8-bit elements, e8m0 scales, groups shorter than 128) on sm_90a, in a bf16 layer. Their values are
+    exact in bf16 (a code of at most 4 significant bits times a power of two), so the 16-bit GEMM computes the
+    quantized GEMM's products, with fp32 accumulation; the 8-bit kernels promote fp32 partial sums every group (an
+    FFMA per partial sum and k32 step, as many issue slots as the tensor cores' time: README, group-32 case).
+    H200, graph us with the quantization, 8-bit kernels -> 16-bit values (bench/dequantized_route.py, 2026-12-04):
+
+    | weights, N x K | M = 1 | M = 16 | M = 64 | M = 256 | M = 1024 | M = 4096 |
+    |---|---|---|---|---|---|---|
+    | MXFP4, 3072 x 4096 | 9.8 -> 10.5 | 11.1 -> 13.6 | 17.5 -> 16.6 | 36.7 -> 26.9 | 105.8 -> 61.2 | 321.0 -> 193.4 |
+    | MXFP4, 14336 x 4096 | 21.0 -> 19.4 | 23.2 -> 22.2 | 36.0 -> 32.5 | 101.2 -> 57.5 | 340.2 -> 213.1 | 1343.3 -> 793.1 |
+    | MXFP4, 8192 x 8192 | 23.0 -> 20.1 | 28.3 -> 23.2 | 40.8 -> 32.4 | 102.7 -> 67.8 | 389.2 -> 214.3 | 1530.0 -> 871.2 |
+    | MXFP8 (w8a8-mxfp8), 3072 x 4096 | 9.4 -> 14.6 | 10.6 -> 14.6 | 17.0 -> 17.3 | 36.0 -> 27.6 | 122.4 -> 60.7 | 368.1 -> 188.8 |
+    | MXFP8, 14336 x 4096 | 23.5 -> 23.7 | 24.1 -> 26.5 | 36.2 -> 33.9 | 117.8 -> 58.0 | 394.2 -> 216.2 | 1541.9 -> 837.1 |
+    | MXFP8, 8192 x 8192 | 27.2 -> 24.5 | 30.6 -> 27.3 | 41.9 -> 34.6 | 117.2 -> 70.9 | 451.5 -> 217.9 | 1774.4 -> 893.1 |
+
+    Slower only at M <= 16 on the smallest shape (up to 5.2 us for 8-bit weights: their 16-bit kernels there);
+    fp8 activations with fp32 group-32 scales run as fast on the route (310.2 -> 196.3 at 3072 x 4096) but their
+    values are rounded to bf16 (relative error 2.2e-3 against 1.7e-3), so they take it only on request."""
+    return (act.granularity == "group" and act.group_size < 128 and act.scale_dtype.name == "float8e8m0"
+            and act.dtype.bits == 8 and not act.global_scale and dtype_name == "bfloat16" and target.has("wgmma"))
+
+
+def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "Target",
+                            dequantize_activations: bool | None, *, weight_only: bool, quantize_in_gemm: bool,
+                            batch_invariant: bool) -> ActivationScheme | None:
+    """The activation scheme a layer quantizes x with and then runs as 16-bit values (fake_quantize_activation) on
+    the 16-bit kernels, or None where it runs the 8-bit kernels (or weight-only). dequantize_activations: True
+    always (any target: only the quantization kernel and the 16-bit GEMMs are needed; values of fp32-scaled
+    schemes are rounded to the layer's dtype), False never, None where `dequantized_activations_default` says so.
+    ValueError where True cannot be honoured."""
+    import torch
+
+    from humming_gen.activation.kernel import scheme_problems
+
+    act = scheme.activation
+    if dequantize_activations is None:
+        if act is None or weight_only or quantize_in_gemm or batch_invariant or scheme_problems(act):
+            return None
+        name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "")
+        return act if dequantized_activations_default(act, name, target) else None
+    if not isinstance(dequantize_activations, bool):
+        raise TypeError(f"dequantize_activations must be True, False or None, got {dequantize_activations!r}")
+    if not dequantize_activations:
+        return None
+    problems = []
+    if act is None:
+        problems.append(f"the scheme ({scheme.summary()}) does not quantize activations")
+    elif act.global_scale:
+        problems.append("activation schemes with a global scale (NVFP4) have no 16-bit value kernel")
+    elif scheme_problems(act):
+        problems += scheme_problems(act)
+    if weight_only:
+        problems.append("weight_only=True runs unquantized 16-bit activations")
+    if quantize_in_gemm:
+        problems.append("quantize_in_gemm=True runs 8-bit kernels")
+    if problems:
+        raise ValueError("dequantize_activations=True: " + "; ".join(problems))
+    return act

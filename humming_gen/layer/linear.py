@@ -8,7 +8,7 @@ import attrs
 
 from humming_gen.config import ComputeConfig, LayerConfig
 from humming_gen.heuristics import TuningPlan, choose_tunings
-from humming_gen.layer.compute_type import kernel_reasons, resolve
+from humming_gen.layer.compute_type import ComputeChoice, kernel_reasons, resolve, value_activation_scheme
 from humming_gen.layer.eager import direct_call
 from humming_gen.layer.ops import register_layer, run_gemm, run_gemm_out
 from humming_gen.layer.weights import (PreparedWeight, fold_serves, layout_key, prepare_weight, resolve_device,
@@ -45,6 +45,11 @@ class QuantLinear(torch.nn.Module):
     batch_invariant=True: row r's output is bitwise the same for every batch size (heuristics/batch_invariant.py).
     MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels where every row's
     exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
+    dequantize_activations: True runs the scheme's quantized activations as 16-bit values (fake_quantize_activation,
+    bit-identical to scheme.activation.quantize(x).dequantize(dtype)) on the 16-bit kernels, on any target; None
+    (default) does so where that is exact and faster (MXFP8-style e8m0 group-32 activations on sm_90a in bf16
+    layers: `compute_type.dequantized_activations_default`); False keeps the 8-bit kernels. `value_scheme` says
+    which runs (None: the 8-bit kernels, or no activation quantization).
     quantize_in_gemm=True (opt-in; more GPU time on the H200, README): buckets of M <= 16 with dynamic per-token
     or static per-tensor fp8 / int8 activations run standard-pipeline kernels that quantize x in their loader
     (TuningConfig.a_load='quantize'): one launch per call instead of two, no codes or scales allocated
@@ -55,7 +60,8 @@ class QuantLinear(torch.nn.Module):
                  dtype: torch.dtype = torch.bfloat16, *, target: "Target | str | None" = None,
                  device: "torch.device | str | None" = None, tunings: TuningPlan | None = None,
                  out_dtype: torch.dtype | None = None, compiler: str | None = None, weight_only: bool = False,
-                 batch_invariant: bool = False, strict: bool = False, quantize_in_gemm: bool = False):
+                 batch_invariant: bool = False, strict: bool = False, quantize_in_gemm: bool = False,
+                 dequantize_activations: bool | None = None):
         super().__init__()
         from humming_gen.codegen import compose
         from humming_gen.kernel import _resolve_target, build_many
@@ -75,10 +81,18 @@ class QuantLinear(torch.nn.Module):
         self.out_dtype = out_dtype
         self.target = _resolve_target(target)
         self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
-        choice = resolve(qweight.scheme, _DTYPE_NAME[dtype], self.target.name,
-                         lambda s: self._quantized_activation_reasons(qweight, s, bias is not None, out_dtype),
-                         strict=strict, weight_only=weight_only, who="QuantLinear",
-                         emulated_mma=self.target.emulated_mma)
+        #: the activation scheme whose values (fake_quantize_activation) the 16-bit kernels run on, where the layer
+        #: dequantizes activations (dequantize_activations; humming_gen.heuristics.dequantized_activations)
+        self.value_scheme = value_activation_scheme(qweight.scheme, dtype, self.target, dequantize_activations,
+                                                    weight_only=weight_only, quantize_in_gemm=quantize_in_gemm,
+                                                    batch_invariant=batch_invariant)
+        if self.value_scheme is not None:
+            choice = ComputeChoice(attrs.evolve(qweight.scheme, activation=None), _DTYPE_NAME[dtype], ())
+        else:
+            choice = resolve(qweight.scheme, _DTYPE_NAME[dtype], self.target.name,
+                             lambda s: self._quantized_activation_reasons(qweight, s, bias is not None, out_dtype),
+                             strict=strict, weight_only=weight_only, who="QuantLinear",
+                             emulated_mma=self.target.emulated_mma)
         #: the activation type the MMA multiplies ("float8e4m3", "int8", or the 16-bit dtype where activations
         #: are not quantized); may be a fallback from the scheme's own (humming_gen.layer.compute_type)
         self.compute_dtype: str = choice.compute_dtype
@@ -86,14 +100,18 @@ class QuantLinear(torch.nn.Module):
         own_activation = choice.scheme.activation == qweight.scheme.activation
         if not own_activation:
             qweight = attrs.evolve(qweight, scheme=choice.scheme)
-        self.scheme: QuantScheme = qweight.scheme
+        #: the scheme whose arithmetic the layer computes (with the fallback's activation where it falls back; the
+        #: value scheme's where the 16-bit kernels run its dequantized activations, layer_config.scheme's without)
+        self.scheme: QuantScheme = (qweight.scheme if self.value_scheme is None
+                                    else attrs.evolve(qweight.scheme, activation=self.value_scheme))
         self.layer_config = LayerConfig(n=qweight.n, k=qweight.k, scheme=qweight.scheme, has_bias=bias is not None,
                                         dtype=_DTYPE_NAME[dtype], out_dtype=_OUT_NAME[out_dtype],
                                         fold_scales=scales_fold(qweight))
         self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
-        act = self.activation_scheme
-        if act is not None and own_activation and qweight.input_scale is not None and act.granularity == "tensor":
+        act = self.activation_scheme or self.value_scheme
+        if (act is not None and (own_activation or self.value_scheme is not None) and qweight.input_scale is not None
+                and act.granularity == "tensor"):
             self._static_scale = static_input_scale(qweight.input_scale, "QuantLinear: qweight")
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
         if self.fold_scales and not fold_serves(self.layer_config, self.tunings, self.target):
@@ -260,6 +278,12 @@ class QuantLinear(torch.nn.Module):
         if self.activation_scheme is not None:
             self._launch_quantized(x, c)
             return
+        if self.value_scheme is not None:  # the 16-bit kernels on the scheme's quantized values (groups along x's K)
+            from humming_gen.activation import fake_quantize_activation
+
+            rows = _as_rows(x, self.in_features)
+            x = fake_quantize_activation(x.reshape(-1, self.in_features).contiguous() if rows is None else rows,
+                                         self.value_scheme, self._static_scale, dtype=self.dtype)
         a = self._activation_rows(x)
         for m_max, launcher in self._launchers:
             if m_max is None or m <= m_max:
@@ -323,4 +347,5 @@ class QuantLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme=({self.scheme.summary()}), "
                 f"dtype={self.dtype}, target={self.target.name}, kernels={len(self._kernels)}"
-                + (", fold_scales=True" if self.fold_scales else ""))
+                + (", fold_scales=True" if self.fold_scales else "")
+                + (", dequantize_activations=True" if self.value_scheme is not None else ""))

@@ -26,9 +26,9 @@ def _tokens_m_n128(qw, dtype):
     """fp8 block128 with the tokens on wgmma's M in 128-row tiles at every M (the configuration that raced)."""
     from humming_gen.pipelines.warp_specialized.heuristics import shared_weight_tunings
 
-    base = hg.QuantLinear.from_quantized(qw, dtype=dtype)
+    base = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=dtype)
     plan = shared_weight_tunings(base.layer_config, base.target, tokens_m_from=1, tokens_m_block_n=128)
-    return hg.QuantLinear.from_quantized(qw, dtype=dtype, tunings=plan)
+    return hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=dtype, tunings=plan)
 
 
 CASES = [("w8a8-fp8-block128", _tokens_m_n128), ("w8a8-fp8-block128", None), ("w8a8-mxfp8", None),
@@ -44,7 +44,7 @@ def test_outputs_are_the_same_in_every_run(scheme: str, make) -> None:
     torch.manual_seed(7)
     n, k, dtype = 4000, 3072, torch.float16
     qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.05)
-    layer = make(qw, dtype) if make else hg.QuantLinear.from_quantized(qw, dtype=dtype)
+    layer = make(qw, dtype) if make else hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=dtype)
     plan = layer.kernel_for(M).plan
     assert plan.pipeline == "warp_specialized" and "_ws_q" in plan.kernel_name, plan.kernel_name
     if make is _tokens_m_n128:

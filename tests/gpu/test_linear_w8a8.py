@@ -66,7 +66,7 @@ def standard_layer(layer: hg.QuantLinear, qw, bias, dtype) -> hg.QuantLinear:
     from humming_gen.heuristics import choose_tunings
 
     plan = choose_tunings(layer.layer_config, layer.target, pipeline="standard", stored=False)
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, tunings=plan)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=dtype, tunings=plan)
     assert all(kern.plan.tuning.mma == "m16n8k32" for _, kern in layer._buckets)
     return layer
 
@@ -92,7 +92,7 @@ def test_w8a8_linear(scheme: str, n: int, k: int, dtype: torch.dtype, has_bias: 
     w = torch.randn(n, k, device="cuda") * 0.05
     bias = torch.randn(n, device="cuda").to(dtype) if has_bias else None
     qw = hg.scheme(scheme).quantize(w)
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=dtype)
     assert_pipelines(layer)
     for m in M_VALUES:
         _check(layer, qw, bias, dtype, m, scheme)
@@ -109,7 +109,7 @@ def test_w8a8_fp8_per_tensor_scale(static: bool) -> None:
     qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(n, k, device="cuda") * 0.05)
     if static:
         qw.input_scale = torch.tensor([4.0 / 448], device="cuda")  # |x| beyond 4 saturates, as in the reference
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     for m in (1, 33, 1000):
         _check(layer, qw, None, torch.bfloat16, m, f"fp8 tensor {'static' if static else 'dynamic'}")
 
@@ -118,7 +118,7 @@ def test_w8a8_3d_and_strided_input() -> None:
     """(batch, seq, K) inputs and a row-strided view are quantized and multiplied row by row."""
     torch.manual_seed(6)
     qw = hg.scheme("w8a8-int8-channel").quantize(torch.randn(512, 1024, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     buf = torch.randn(2, 5, 1100, device="cuda").bfloat16()
     x = buf[..., :1024]
     y = layer(x)
@@ -141,7 +141,7 @@ def test_w8a8_group_int8_and_e5m2_activations(scheme, out_dtype) -> None:
     torch.manual_seed(7)
     n, k = 4000, 3072
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, out_dtype=out_dtype)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16, out_dtype=out_dtype)
     for m in (1, 33, 1000):
         x = torch.randn(m, k, device="cuda").bfloat16()
         out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
@@ -167,7 +167,8 @@ def test_fp8_on_f16_mmas(monkeypatch, scheme, f16: bool) -> None:
     s = FP8_E5M2_ACT if scheme == E5M2_NAME else hg.scheme(scheme)
     qw = s.quantize(torch.randn(n, k, device="cuda") * 0.05)
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-    layer = standard_layer(hg.QuantLinear.from_quantized(qw, bias=bias), qw, bias, torch.bfloat16)
+    layer = standard_layer(hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias), qw, bias,
+                           torch.bfloat16)
     assert all(("_f16mma" in kern.plan.kernel_name) == f16 for _, kern in layer._buckets)
     for m in (1, 7, 16, 64, 300):
         _check(layer, qw, bias, torch.bfloat16, m, f"{scheme} on {'f16' if f16 else 'fp8'} mmas")
@@ -182,7 +183,7 @@ def test_a8_large_m(scheme: str) -> None:
     n = k = 4096
     w = torch.randn(n, k, device="cuda") * 0.05
     qw = hg.scheme(scheme).quantize(w)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     assert_pipelines(layer)
     if layer.target.has("wgmma"):
         assert layer.kernel_for(4096).plan.tuning.block_m in (128, 192)
@@ -198,7 +199,7 @@ def test_a8_large_m_odd_shapes(n: int, k: int) -> None:
     w = torch.randn(n, k, device="cuda") * 0.05
     bias = torch.randn(n, device="cuda").bfloat16()
     qw = hg.scheme("w8a8-fp8-channel").quantize(w)
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=torch.bfloat16)
     assert_pipelines(layer)
     _check(layer, qw, bias, torch.bfloat16, 4096, f"w8a8-fp8-channel n={n} k={k}")
 
@@ -223,7 +224,8 @@ def _cluster_linear(scheme: str, seed: int, k: int, multicast, **changes):
     base = choose_tunings(layer, target, stored=False, register_weights=True).for_m(4096)
     stages = min(base.stages, 5 if changes["block_m"] == 192 else 6)
     tuning = multicast(attrs.evolve(base, stages=stages, **changes))
-    linear = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=torch.bfloat16, tunings=TuningPlan(((None, tuning),)))
+    linear = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=torch.bfloat16,
+                                           tunings=TuningPlan(((None, tuning),)))
     return linear, qw, bias
 
 
@@ -275,7 +277,7 @@ def test_group32_activation_scales(scheme, n: int, k: int) -> None:
     torch.manual_seed(n)
     scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     assert layer.compute_dtype == "float8e4m3" and not layer.fallback_reasons
     assert_pipelines(layer)
     for m in (1, 64, 200, 1000):
@@ -294,10 +296,11 @@ def test_staged_e8m0_activation_scales(scheme, block_m) -> None:
     scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
     for n, k in ((1024, 2048), (8192, 1024)):
         qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
-        layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+        layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
         if block_m is not None:
             plan = layer.kernel_for(1000).plan
-            layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, tunings=TuningPlan(
+            layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16,
+                                                  tunings=TuningPlan(
                 ((None, restaged(plan.layer, plan.target, plan.tuning, block_m=block_m)),)))
         assert layer.kernel_for(1000).a_scale_alignment == 4, "the staged kernel runs"
         for m in (64, 200, 1000):
@@ -311,7 +314,7 @@ def test_w4a4_falls_back_to_16_bit_activations_and_runs() -> None:
 
     torch.manual_seed(8)
     qw = hg.scheme("w4a4-nvfp4").quantize(torch.randn(1024, 2048, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     assert layer.compute_dtype == "bfloat16" and layer.fallback_reasons
     weight_only = attrs.evolve(qw, scheme=attrs.evolve(qw.scheme, activation=None))
     for m in (1, 300):
@@ -327,7 +330,7 @@ def test_group_scales_with_a_partial_last_k_tile(scheme, n: int, k: int) -> None
     torch.manual_seed(k)
     scheme = scheme if isinstance(scheme, hg.QuantScheme) else hg.scheme(scheme)
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     assert_pipelines(layer)
     for m in (40, 700):
         _check(layer, qw, None, torch.bfloat16, m, f"{scheme.weight.name} k={k}")
@@ -347,10 +350,10 @@ def test_a8_panels_equal_row_codes(scheme: str) -> None:
     qw = hg.scheme(scheme).quantize(torch.randn(n, k, device="cuda") * 0.02)
     if scheme.endswith("tensor"):  # a checkpoint's static scale (the dynamic one: test_w8a8_fp8_per_tensor_scale)
         qw.input_scale = torch.tensor([0.05], device="cuda")
-    layer = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16)
     assert all(kern.activation_layout == "panels" for _, kern in layer._buckets), layer.tunings
     rows_plan = TuningPlan(tuple((m_max, attrs.evolve(t, a_load="cp_async")) for m_max, t in layer.tunings.buckets))
-    rows = hg.QuantLinear.from_quantized(qw, dtype=torch.bfloat16, tunings=rows_plan)
+    rows = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, dtype=torch.bfloat16, tunings=rows_plan)
     assert all(kern.activation_layout == "rows" for _, kern in rows._buckets)
     for m in (1, 5, 16, 100, 300, 1000, 4100):
         x = torch.randn(m, k, device="cuda").bfloat16()

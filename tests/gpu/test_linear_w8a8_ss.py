@@ -34,10 +34,11 @@ def _cases():
 def shared_weight_layer(qw, bias, dtype, tokens_m: bool = False, out_dtype=None, block_n: int = 256) -> hg.QuantLinear:
     """Every bucket on shared weights; `tokens_m`: every bucket with the tokens on wgmma's M, tiles of `block_n`
     weight rows."""
-    base = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    base = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=dtype)
     plan = shared_weight_tunings(base.layer_config, base.target, tokens_m_from=1 if tokens_m else None,
                                  tokens_m_block_n=block_n)
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, tunings=plan, out_dtype=out_dtype)
+    layer = hg.QuantLinear.from_quantized(qw, dequantize_activations=False, bias=bias, dtype=dtype, tunings=plan,
+                                          out_dtype=out_dtype)
     suffix = "_ss_tm" if tokens_m else "_ss"
     for m_max, kern in layer._buckets:
         assert kern.plan.tuning.b_operand == "shared" and kern.plan.kernel_name.endswith(suffix), (m_max, kern.name)
