@@ -4,10 +4,11 @@ quantization included (canonical method: distinct layers rotated, median of repl
 activation also without the overlapped promotion (compose_a8.OVERLAP_PROMOTION=False), with its staged scales read
 after the wgmma wait as before 702693c (components.PRELOAD_SCALES_MAX_TOKENS=0), with 128-token tiles, and
 MXFP8 with its e8m0 scales read from global memory at each promotion (compose_a8.STAGE_E8M0_SCALES=False; staged with
-the codes by default), at 64 and 128 tokens. With --bf16-emulation, MXFP8 also as its exact bf16 emulation (a
-probe, not a library path): x quantized to MXFP8 and dequantized in torch (e4m3 codes times powers of two are exact
-in bf16), then the same MXFP4 weights on the 16-bit kernels (QuantLinear weight_only=True): the same products as
-the MXFP8 x MXFP4 kernel, at the bf16 tensor rate, no per-group promotion."""
+the codes by default), at 64 and 128 tokens. The group-32 columns run the 8-bit kernels
+(QuantLinear(dequantize_activations=False)); "as bf16 values" runs the same scheme's quantized activations as bf16
+values on the 16-bit kernels (fake_quantize_activation, then the W4A16 GEMM; MXFP8's default on sm_90a, exact; on
+request for fp32 group scales, whose values are rounded to bf16). With --bf16-emulation, MXFP8 also as the torch
+probe that preceded that path: x quantized and dequantized in torch ops, then QuantLinear weight_only=True."""
 
 from __future__ import annotations
 
@@ -50,11 +51,12 @@ def build(qws, variant: dict) -> list:
     ws_components.PRELOAD_SCALES_MAX_TOKENS = variant.get("preload", defaults[2])
     try:
         if "block_m" not in variant:
-            return [hg.QuantLinear.from_quantized(q) for q in qws]
-        first = hg.QuantLinear.from_quantized(qws[0])
+            return [hg.QuantLinear.from_quantized(q, dequantize_activations=False) for q in qws]
+        first = hg.QuantLinear.from_quantized(qws[0], dequantize_activations=False)
         plan = first.kernel_for(M).plan
         tuning = restaged(plan.layer, target, plan.tuning, block_m=variant["block_m"])
-        return [hg.QuantLinear.from_quantized(q, tunings=TuningPlan(((None, tuning),))) for q in qws]
+        return [hg.QuantLinear.from_quantized(q, dequantize_activations=False, tunings=TuningPlan(((None, tuning),)))
+                for q in qws]
     finally:
         compose_a8.OVERLAP_PROMOTION, compose_a8.STAGE_E8M0_SCALES, ws_components.PRELOAD_SCALES_MAX_TOKENS = defaults
 
@@ -79,7 +81,7 @@ def mx_dequantized(x: torch.Tensor, act: hg.ActivationScheme) -> torch.Tensor:
 
 
 names = [a + v for a, act in ACTIVATIONS.items() for v, variant in VARIANTS.items() if applies(act, variant)]
-names += ["MXFP8 as bf16 (probe)"] if EMULATE else []
+names += ["fp8 group-32 as bf16 values", "MXFP8 as bf16 values"] + (["MXFP8 as bf16 (torch probe)"] if EMULATE else [])
 print("| N x K | cuBLAS bf16 | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
 for n, k in ((3072, 4096), (14336, 4096)):
     x = torch.randn(M, k, device="cuda").bfloat16()
@@ -87,6 +89,7 @@ for n, k in ((3072, 4096), (14336, 4096)):
     dense = [torch.randn(n, k, device="cuda").bfloat16() * 0.02 for _ in range(count)]
     cells = [f"{graph_time_us([lambda x, w=w: x @ w.t() for w in dense], x):.1f}"]
     del dense
+    values = []  # the group-32 activations as bf16 values on the 16-bit kernels
     for name, act in ACTIVATIONS.items():
         scheme = hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0", activation=act)
         qws = [scheme.quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(4)]
@@ -103,6 +106,11 @@ for n, k in ((3072, 4096), (14336, 4096)):
             t = layers[0].kernel_for(M).plan.tuning
             cells.append(f"{graph_time_us(layers, x):.1f} ({t.pipeline[:8]} {t.block_m}, err {err:.1e})")
             del layers
+        if act.granularity == "group":
+            layers = [hg.QuantLinear.from_quantized(q, dequantize_activations=True) for q in qws]
+            err = ((layers[0](x[:64]).double() - ref).norm() / ref.norm()).item()
+            values.append(f"{graph_time_us(layers, x):.1f} (err {err:.1e})")
+            del layers
         if EMULATE and act.scale_dtype.name == "float8e8m0":
             layers = [hg.QuantLinear.from_quantized(q, weight_only=True) for q in qws]
             assert torch.equal(mx_dequantized(x[:64], act),
@@ -113,5 +121,5 @@ for n, k in ((3072, 4096), (14336, 4096)):
             del layers
         del qws
         torch.cuda.empty_cache()
-    cells += [emulated] if EMULATE else []
+    cells += values + ([emulated] if EMULATE else [])
     print(f"| {n}x{k} | " + " | ".join(cells) + " |", flush=True)
