@@ -3,8 +3,8 @@ points, bias, odd shapes, group sizes that are not multiples of 16, and the warp
 sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes, a ring whose stages are refilled
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
 persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
-stages, group-32 activation scales, tokens on wgmma's M, weights widened into shared memory, and W4A4 on the s4
-kernels. Prints the max relative error and the pipelines that ran, so a sanitizer log
+stages, group-32 activation scales, tokens on wgmma's M, weights widened into shared memory, W4A4 on the s4
+kernels, and activations quantized into bf16 values (fake_quantize_activation; MXFP8's route). Prints the max relative error and the pipelines that ran, so a sanitizer log
 also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import argparse
@@ -39,7 +39,9 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          # group-32 fp8 activation scales staged with the codes: four promotion groups a stage, in two token halves
          (dict(weight="float4e2m1", group_size=32, scale_dtype="float8e8m0",
                activation=hg.ActivationScheme("float8e4m3", granularity="group", group_size=32)), 576, 1024, True,
-          (300,))]
+          (300,)),
+         # MXFP8 as its bf16 values on the 16-bit kernels (dequantize_activations, the default on sm_90a)
+         ("w8a8-mxfp8", 1000, 1056, True, (3, 200))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--clusters-only", action="store_true", help="the cluster and W4A4 cases alone")
@@ -59,6 +61,18 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if not CLUSTERS_ONLY else 
         y = layer(x)
         ref = reference_gemm(x.double(), qw, bias=None if bias is None else bias.double())
         worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
+
+# fake_quantize_activation's kernels alone: group lanes, a thread per group, rows, warp rows; element loads (K = 36)
+if not CLUSTERS_ONLY:
+    for act in (hg.ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0"),
+                hg.ActivationScheme("float8e4m3", granularity="group", group_size=100), hg.ActivationScheme("int8"),
+                hg.ActivationScheme("float8e4m3", granularity="tensor")):
+        for m, k in ((3, 36), (70, 4096), (2, 20000)):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            got = hg.fake_quantize_activation(x, act)
+            assert torch.equal(got, act.quantize(x).dequantize(torch.bfloat16)), f"fake quantize {act} {m}x{k}"
+    pipelines.add("fake_quantize_activation")
+
 
 def register_plan(qw) -> TuningPlan:
     """The heuristics' plan with register weights (clusters are generated for those; the default layer of 8-bit
