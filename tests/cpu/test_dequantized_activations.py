@@ -2,7 +2,7 @@
 layers run a scheme's quantized activations as 16-bit values on the 16-bit kernels (the default: MXFP8-style
 activations on sm_90a in bf16 layers, where the values are exact), the errors where the route cannot be taken, and
 the kernels' sources and NVRTC compilation for every target. The arithmetic is checked bit for bit in
-test_activation_values_host.py (host) and tests/gpu/test_dequantized_activations.py (GPU)."""
+test_activation_values_host.py (host) and tests/gpu/test_dequantized_activations_gpu.py (GPU)."""
 
 from __future__ import annotations
 
