@@ -6,8 +6,8 @@ after the wgmma wait as before 702693c (components.PRELOAD_SCALES_MAX_TOKENS=0),
 MXFP8 with its e8m0 scales read from global memory at each promotion (compose_a8.STAGE_E8M0_SCALES=False; staged with
 the codes by default), at 64 and 128 tokens. The group-32 columns run the 8-bit kernels
 (QuantLinear(dequantize_activations=False)); "as bf16 values" runs the same scheme's quantized activations as bf16
-values on the 16-bit kernels (fake_quantize_activation, then the W4A16 GEMM; MXFP8's default on sm_90a, exact; on
-request for fp32 group scales, whose values are rounded to bf16). With --bf16-emulation, MXFP8 also as the torch
+values on the 16-bit kernels (fake_quantize_activation, then the W4A16 GEMM; the default for both on sm_90a: exact
+for MXFP8, rounded to bf16 for fp32 group scales). With --bf16-emulation, MXFP8 also as the torch
 probe that preceded that path: x quantized and dequantized in torch ops, then QuantLinear weight_only=True."""
 
 from __future__ import annotations

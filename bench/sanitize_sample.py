@@ -4,8 +4,8 @@ sm_90a: split-K, a partial last tile, K not a multiple of 128, fp16, 8-bit codes
 (int8 at M = 700), several units per CTA (N = 8192, M = 700) and split-K slices on both sides of a wave of the
 persistent grid (more units than SMs)); 8-bit activations on both pipelines, two-CTA clusters sharing weight
 stages, group-32 activation scales, tokens on wgmma's M, weights widened into shared memory, W4A4 on the s4
-kernels, and activations quantized into bf16 values (fake_quantize_activation; MXFP8's route). Prints the max relative error and the pipelines that ran, so a sanitizer log
-also shows them. --clusters-only: the cluster and W4A4 cases alone."""
+kernels, and activations quantized into bf16 values (fake_quantize_activation; MXFP8's route). Prints the max
+relative error and the pipelines that ran, so a sanitizer log also shows them. --clusters-only: the cluster and W4A4 cases alone."""
 
 import argparse
 
@@ -43,6 +43,7 @@ CASES = [(dict(weight="int4", group_size=128), 1000, 1536, True, (1, 16, 70, 200
          # MXFP8 as its bf16 values on the 16-bit kernels (dequantize_activations, the default on sm_90a)
          ("w8a8-mxfp8", 1000, 1056, True, (3, 200))]
 DTYPES = {5: torch.float16}  # case index -> activation dtype (bf16 otherwise)
+DEQUANTIZED = {len(CASES) - 1: None}  # case index -> dequantize_activations (False, the 8-bit kernels, otherwise)
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--clusters-only", action="store_true", help="the cluster and W4A4 cases alone")
 CLUSTERS_ONLY = parser.parse_args().clusters_only
@@ -54,7 +55,7 @@ for i, (kwargs, n, k, bias_on, ms) in enumerate(CASES if not CLUSTERS_ONLY else 
     scheme = hg.scheme(kwargs) if isinstance(kwargs, str) else hg.QuantScheme(**kwargs)
     qw = scheme.quantize(torch.randn(n, k, device="cuda") * 0.05)
     bias = torch.randn(n, device="cuda").to(dtype) if bias_on else None
-    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype)
+    layer = hg.QuantLinear.from_quantized(qw, bias=bias, dtype=dtype, dequantize_activations=DEQUANTIZED.get(i, False))
     for m in ms:
         pipelines.add(layer.kernel_for(m).plan.pipeline)
         x = torch.randn(m, k, device="cuda").to(dtype)

@@ -96,11 +96,14 @@ def resolve(scheme: QuantScheme, dtype_name: str, target_name: str, reasons_for:
 
 
 def dequantized_activations_default(act: ActivationScheme, dtype_name: str, target: "Target") -> bool:
-    """Whether a layer runs `act`'s quantized values on the 16-bit kernels unless told otherwise: MXFP8-style
-    activations (8-bit elements, e8m0 scales, groups shorter than 128) on sm_90a, in a bf16 layer. Their values are
-    exact in bf16 (a code of at most 4 significant bits times a power of two), so the 16-bit GEMM computes the
-    quantized GEMM's products, with fp32 accumulation; the 8-bit kernels promote fp32 partial sums every group (an
-    FFMA per partial sum and k32 step, as many issue slots as the tensor cores' time: README, group-32 case).
+    """Whether a layer runs `act`'s quantized values on the 16-bit kernels unless told otherwise: fp8 activations in
+    groups shorter than 128 (MXFP8, fp8 group-32) on sm_90a, in a bf16 layer, where the 8-bit kernels promote fp32
+    partial sums every group (an FFMA per partial sum and k32 step, as many issue slots as the tensor cores' time:
+    README, group-32 case). With e8m0 scales (MXFP8) the values are exact in bf16 (a code of at most 4 significant
+    bits times a power of two), so the 16-bit GEMM computes the quantized GEMM's products with fp32 accumulation;
+    with fp32 (or 16-bit) scales each value is rounded to bf16, 2^-9 relative at most, a thirtieth of the fp8
+    quantization's own 2^-4, as x itself was bf16 (relative error of the output against the float64 reference of the
+    quantized GEMM: 2.2e-3 against the 8-bit kernels' 1.7e-3, the bf16 output rounding most of both).
     H200, graph us with the quantization, 8-bit kernels -> 16-bit values (bench/dequantized_route.py, 2026-12-04):
 
     | weights, N x K | M = 1 | M = 16 | M = 64 | M = 256 | M = 1024 | M = 4096 |
@@ -112,11 +115,15 @@ def dequantized_activations_default(act: ActivationScheme, dtype_name: str, targ
     | MXFP8, 14336 x 4096 | 23.5 -> 23.7 | 24.1 -> 26.5 | 36.2 -> 33.9 | 117.8 -> 58.0 | 394.2 -> 216.2 | 1541.9 -> 837.1 |
     | MXFP8, 8192 x 8192 | 27.2 -> 24.5 | 30.6 -> 27.3 | 41.9 -> 34.6 | 117.2 -> 70.9 | 451.5 -> 217.9 | 1774.4 -> 893.1 |
 
-    Slower only at M <= 16 on the smallest shape (up to 5.2 us for 8-bit weights: their 16-bit kernels there);
-    fp8 activations with fp32 group-32 scales run as fast on the route (310.2 -> 196.3 at 3072 x 4096) but their
-    values are rounded to bf16 (relative error 2.2e-3 against 1.7e-3), so they take it only on request."""
-    return (act.granularity == "group" and act.group_size < 128 and act.scale_dtype.name == "float8e8m0"
-            and act.dtype.bits == 8 and not act.global_scale and dtype_name == "bfloat16" and target.has("wgmma"))
+    | MXFP4 x fp8 group-32 (fp32 scales), 3072 x 4096 | 9.4 -> 10.4 | 10.7 -> 13.2 | 16.1 -> 16.1 | 34.0 -> 26.5 | 102.6 -> 60.4 | 310.2 -> 196.3 |
+    | the same, 14336 x 4096 | 20.5 -> 19.8 | 22.3 -> 22.5 | 34.3 -> 32.7 | 100.9 -> 58.1 | 336.6 -> 215.6 | 1322.5 -> 797.4 |
+    | the same, 8192 x 8192 | 23.0 -> 20.6 | 27.9 -> 23.5 | 39.5 -> 32.8 | 100.5 -> 68.7 | 384.0 -> 214.7 | 1511.7 -> 920.6 |
+
+    Slower only at M <= 16 on the smallest shape (up to 5.2 us for 8-bit weights: their 16-bit kernels there).
+    int8 group activations (unmeasured; their 7-bit codes times a scale are not exact in bf16) keep the 8-bit
+    kernels."""
+    return (act.granularity == "group" and act.group_size < 128 and act.dtype.is_float and act.dtype.bits == 8
+            and not act.global_scale and dtype_name == "bfloat16" and target.has("wgmma"))
 
 
 def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "Target",
@@ -124,8 +131,8 @@ def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "
                             batch_invariant: bool) -> ActivationScheme | None:
     """The activation scheme a layer quantizes x with and then runs as 16-bit values (fake_quantize_activation) on
     the 16-bit kernels, or None where it runs the 8-bit kernels (or weight-only). dequantize_activations: True
-    always (any target: only the quantization kernel and the 16-bit GEMMs are needed; values of fp32-scaled
-    schemes are rounded to the layer's dtype), False never, None where `dequantized_activations_default` says so.
+    always (any target: only the quantization kernel and the 16-bit GEMMs are needed; values that are not exact in
+    the layer's dtype are rounded to it), False never, None where `dequantized_activations_default` says so.
     ValueError where True cannot be honoured."""
     import torch
 

@@ -1,6 +1,6 @@
 """QuantLinear(dequantize_activations=...) and the dequantize kernels of fake_quantize_activation, on the CPU: which
-layers run a scheme's quantized activations as 16-bit values on the 16-bit kernels (the default: MXFP8-style
-activations on sm_90a in bf16 layers, where the values are exact), the errors where the route cannot be taken, and
+layers run a scheme's quantized activations as 16-bit values on the 16-bit kernels (the default: fp8 activations in
+groups shorter than 128 on sm_90a in bf16 layers), the errors where the route cannot be taken, and
 the kernels' sources and NVRTC compilation for every target. The arithmetic is checked bit for bit in
 test_activation_values_host.py (host) and tests/gpu/test_dequantized_activations_gpu.py (GPU)."""
 
@@ -35,8 +35,10 @@ def _layer(scheme, target="sm_90a", **kw) -> hg.QuantLinear:
     ("w8a8-fp8-block128", "sm_90a", torch.bfloat16, False),  # promoted every 128 k
     ("w4a8-mxfp4-fp8", "sm_90a", torch.bfloat16, False),     # per token
     (hg.QuantScheme("float4e2m1", group_size=32, scale_dtype="float8e8m0", activation=FP8_G32), "sm_90a",
-     torch.bfloat16, False),  # fp32 group scales: values rounded in bf16
-], ids=["mxfp8", "mxfp4-x-mxfp8", "fp16-layer", "sm_89", "block128", "per-token", "fp32-group-scales"])
+     torch.bfloat16, True),  # fp32 group scales: values rounded to bf16
+    (hg.QuantScheme("int4", group_size=32, activation=hg.ActivationScheme("int8", granularity="group", group_size=32)),
+     "sm_90a", torch.bfloat16, False),  # int8 groups: unmeasured, inexact
+], ids=["mxfp8", "mxfp4-x-mxfp8", "fp16-layer", "sm_89", "block128", "per-token", "fp32-group-scales", "int8-groups"])
 def test_default_route(scheme, target: str, dtype: torch.dtype, expected: bool) -> None:
     layer = _layer(scheme, target, dtype=dtype)
     act = layer.scheme.activation
@@ -127,5 +129,5 @@ def test_dequantize_kernels_compile_for_every_target(name: str, out: str) -> Non
         assert f"stores={out} values" in src  # the header's summary
         hardware = cfg.convert in ("e4m3", "e5m2")
         assert (f"cvt.rn.f16x2.{cfg.convert}x2" in src) == hardware and ("element_value(u32 code)" in src) != hardware
-        if get_target(arch).arch in ARCHS:  # (targets with a compiler here: the Zhenwu PPU's sources are generated only)
+        if get_target(arch).arch in ARCHS:  # (a compiler here: the Zhenwu PPU's sources are generated only)
             compile_source(cfg, src, "nvrtc")
