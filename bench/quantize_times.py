@@ -5,7 +5,8 @@ and NVFP4, rows or panels layout, bf16 rows of 2048 (a warp per row), 7168, 8192
     python bench/quantize_times.py [--ms 1,64,1024,4096] [--ks 2048,7168,8192,16384] [--held 4]
 
 --held sets activation.kernel.HELD_VECTORS (vectors a thread of the per-token kernel loads at once and holds) before
-any kernel is built.
+any kernel is built. --values times fake_quantize_activation (bf16 values instead of codes; rows). --e8m0-division
+quantizes e8m0-scaled elements by the fp32 scales' path (activation.kernel.EXACT_E8M0_PRODUCT = False).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ parser.add_argument("--ms", default="1,64,1024,4096", type=ms_argument("--ms"))
 parser.add_argument("--ks", default="2048,7168,8192,16384")
 parser.add_argument("--held", type=int, default=None)
 parser.add_argument("--label", default="")
+parser.add_argument("--values", action="store_true", help="time fake_quantize_activation (bf16 values)")
+parser.add_argument("--e8m0-division", action="store_true", help="EXACT_E8M0_PRODUCT = False")
 args = parser.parse_args()
+if args.e8m0_division:
+    activation_kernel.EXACT_E8M0_PRODUCT = False
 if args.held is not None:
     activation_kernel.HELD_VECTORS = args.held
 L2_BYTES = torch.cuda.get_device_properties(0).L2_cache_size
@@ -42,9 +47,14 @@ for key in args.schemes.split(","):
         for m in args.ms:
             copies = max(2, min(64, -(-2 * L2_BYTES // (m * k * 2))))
             xs = [torch.randn(m, k, device="cuda").bfloat16() for _ in range(copies)]
-            fns = [lambda _, xi=xi: hg.quantize_activation(xi, act, layout=layout) for xi in xs]
+            if args.values:
+                layout = "rows"
+                fns = [lambda _, xi=xi: hg.fake_quantize_activation(xi, act) for xi in xs]
+            else:
+                fns = [lambda _, xi=xi: hg.quantize_activation(xi, act, layout=layout) for xi in xs]
             us = graph_time_us(fns, xs[0])
             q = hg.quantize_activation(xs[0], act, layout=layout)
-            moved = xs[0].numel() * 2 + q.codes.numel() * q.codes.element_size() + q.scales.numel() * q.scales.element_size()
+            codes_bytes = xs[0].numel() * 2 if args.values else q.codes.numel() * q.codes.element_size()
+            moved = xs[0].numel() * 2 + codes_bytes + q.scales.numel() * q.scales.element_size()
             print(f"| {args.label} | {key} | {layout} | {m} | {k} | {us:.1f} | {moved / us / 1e3:.0f} |", flush=True)
             del xs, fns, q

@@ -141,6 +141,7 @@ class ElementCode(Component):
     # rounds_as_quotient: x times the scale's reciprocal where that product rounds as the quotient does
     # (near_quotient; quantize_vector takes it for whole vectors)
     near: bool = option_field()
+    exact_product: bool = option_field()  # power-of-two (e8m0) scales: x times the reciprocal, no quotient()
 
     def __attrs_post_init__(self) -> None:
         if self.near and not near_quotient(self.element, self.value_type):
@@ -191,6 +192,7 @@ class VectorIO(Component):
     panels: bool = option_field()  # 8-bit codes in the panel layout (QuantizeConfig.panels): codes_at
     near_quotient: bool = option_field()  # quantize_vector takes x * reciprocal where rounds_as_quotient holds
     dequantize: str | None = option_field(None)  # QuantizeConfig.dequantize: stores 16-bit values, not codes
+    power_of_two_scale: bool = option_field()  # e8m0 scales: quantize_vector multiplies by the exact reciprocal
 
     def extra_context(self) -> dict[str, Any]:
         store_bits = 16 if self.dequantize else self.bits

@@ -37,6 +37,9 @@ THREADS = 256
 #: two machines: per token 63.0 -> 57.9 and 64.9 -> 60.8, 1 x 128 groups 68.0 -> 60.8 and 69.0 -> 66.0; M = 1024 and
 #: below level. False divides every element (for measurements).
 NEAR_QUOTIENT = True
+#: e8m0 (power-of-two) scales: each element is x times the scale's reciprocal, which is the exact quotient, with no
+#: rounds_as_quotient test and no exact-division path (False: those, as for fp32 scales; for measurements).
+EXACT_E8M0_PRODUCT = True
 PARTIALS = 256  # per-CTA amaxes of the tensor_amax kernel (its grid)
 #: Vectors of a row each thread of quantize_rows loads at once and holds (raw) between the amax and the quantization
 #: (16 registers at 16 bytes a vector: all of a bf16 row of 8192 at 256 threads); the rest of longer rows is read
@@ -236,7 +239,8 @@ def components(cfg: QuantizeConfig) -> list:
     e8m0 = s.scale_dtype.name == "float8e8m0"
     partials = cfg.needs_amax_pass and cfg.stage == "quantize"
     value_type = "double" if s.global_scale else "float"
-    near = cfg.stage == "quantize" and NEAR_QUOTIENT and near_quotient(s.dtype, value_type)
+    exact_product = cfg.stage == "quantize" and e8m0 and EXACT_E8M0_PRODUCT
+    near = cfg.stage == "quantize" and NEAR_QUOTIENT and near_quotient(s.dtype, value_type) and not exact_product
     out: list = []
     if cfg.pdl:
         out.append(GridDependency())
@@ -267,13 +271,14 @@ def components(cfg: QuantizeConfig) -> list:
                                       floor=floor, global_scale=s.global_scale, global_divisor=divisor))
         else:
             out.append(StaticScale())
-        out.append(ElementCode(element=s.dtype, convert=cfg.convert, value_type=value_type, near=near))
+        out.append(ElementCode(element=s.dtype, convert=cfg.convert, value_type=value_type, near=near,
+                               exact_product=exact_product))
         if cfg.dequantize:
             out.append(ElementValue(element=s.dtype, convert=cfg.convert, out_dtype=cfg.dequantize,
                                     pair_cvt=cfg.target.has("mma_bf16")))
     out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
                         quantize=cfg.stage == "quantize", panels=cfg.panels, near_quotient=near,
-                        dequantize=cfg.dequantize))
+                        dequantize=cfg.dequantize, power_of_two_scale=exact_product))
     if cfg.kind in ("tensor_amax", "quantize_rows") or partials:
         out.append(BlockMax(partials=partials))
     out.append(Skeleton(kind=cfg.kind, kernel_name=cfg.kernel_name, input_dtype=cfg.input_dtype,

@@ -110,14 +110,16 @@ SCHEMES = {
 
 def _build(scheme: A, tmp_path, near: bool = True):
     """`near`: the elements divided as quantize_vector divides them where ElementCode.near (x times the scale's
-    reciprocal where it rounds as the quotient, rounds_as_quotient); False: every element by the exact quotient."""
+    reciprocal where it rounds as the quotient, rounds_as_quotient); False: every element by the exact quotient.
+    e8m0 scales take x times the reciprocal either way (ElementCode.exact_product: the exact quotient)."""
     cfg = QuantizeConfig(scheme, "float32", get_target("sm_80"))  # sm_80: no cvt, the software path
     env = environment()
     parts = [PRELUDE]
-    near_used = False
+    near_used = exact_product = False
     for c in components(cfg):
         if isinstance(c, (Rounding, BlockScaleRule, ElementCode)):
             near_used = near_used or (isinstance(c, ElementCode) and c.near and near)
+            exact_product = exact_product or (isinstance(c, ElementCode) and c.exact_product)
             parts.append(env.get_template(c.template).render(**c.context()))
     main = MAIN.replace("MASK", str((1 << scheme.dtype.bits) - 1))
     # (quantize_vector takes a vector's products where every one rounds as its quotient; element by element here)
@@ -125,6 +127,8 @@ def _build(scheme: A, tmp_path, near: bool = True):
                  "encode_pair_finite(__fmul_rn(x[i], __frcp_rn(s.value)), 0.0f) : encode_pair(quotient(x[i], s.value), 0.0f)")
     if near_used:
         main = main.replace("encode_pair(quotient(x[i], s.value), 0.0f)", f"({near_code})")
+    if exact_product:  # e8m0 scales: quantize_vector takes x times the exact reciprocal (no quotient() rendered)
+        main = main.replace("quotient(x[i], s.value)", "__fmul_rn(x[i], __frcp_rn(s.value))")
     if scheme.global_scale:
         main = main.replace("GLOBAL_READ", "u32 g_bits; std::scanf(\"%u\", &g_bits); const float g = bits_f32(g_bits);")
         main = main.replace("GLOBAL_ARG", ", g")
