@@ -179,7 +179,9 @@ def _tune_target(args: argparse.Namespace):
 
 def _runs_as(args: argparse.Namespace, layer, target, command: str):
     """(`layer` with the activation scheme a QuantLinear of it runs on `target`, the ComputeChoice or None) for tune
-    and inspect, so that they work on the kernels QuantLinear runs: where the target has no kernel for the scheme's
+    and inspect, so that they work on the kernels QuantLinear runs: the 16-bit kernels where QuantLinear runs the
+    activations' values by default (compute_type.dequantized_activations_default; --strict keeps the 8-bit ones,
+    as QuantLinear(strict=True) does); where the target has no kernel for the scheme's
     quantized activations (e.g. fp8 on sm_80) or only emulates their MMA, the compute-type fallback of
     humming_gen.layer.compute_type (as QuantLinear decides it); --strict refuses instead (and takes an emulated
     MMA). A --layer-json layer, or one of 16-bit activations, is taken as given (None). ValueError where not even
@@ -191,6 +193,13 @@ def _runs_as(args: argparse.Namespace, layer, target, command: str):
 
     if args.layer_json or layer.scheme.activation is None:
         return layer, None
+    from humming_gen.layer.compute_type import dequantized_activations_default
+
+    if not args.strict and dequantized_activations_default(layer.scheme.activation, layer.dtype, target):
+        print(f"{command}: a QuantLinear of this scheme runs its {layer.scheme.activation.dtype.name} activations as "
+              f"bf16 values on the 16-bit kernels on {target.name} (dequantize_activations, the default there): "
+              f"these kernels (--strict: the 8-bit ones)")
+        return attrs.evolve(layer, scheme=attrs.evolve(layer.scheme, activation=None)), None
 
     def reasons(scheme) -> list[str]:
         return kernel_reasons(layer.n, layer.k, scheme, ComputeConfig(), target, has_bias=layer.has_bias,
@@ -381,9 +390,15 @@ def _scheme_composes(scheme, target_name: str) -> bool:
 def cmd_presets(args: argparse.Namespace) -> int:
     from humming_gen.schemes.presets import list_presets, preset
 
+    from humming_gen.layer.compute_type import dequantized_activations_default
+    from humming_gen.targets import get_target
+
     print(f"kernels on {args.target}: 'yes' = generated today; 'as X' = the scheme's activations have no kernel "
-          f"there, QuantLinear runs X activations with the weights unchanged (strict=True refuses); 'no' = the "
-          f"scheme converts and quantizes, but its kernel is not generated yet")
+          f"there, QuantLinear runs X activations with the weights unchanged (strict=True refuses); 'as values' = "
+          f"QuantLinear quantizes the activations and runs their bf16 values on the 16-bit kernels (faster there; "
+          f"dequantize_activations=False runs the 8-bit kernels); 'no' = the scheme converts and quantizes, but its "
+          f"kernel is not generated yet")
+    target = get_target(args.target)
     for name in list_presets():
         # an emulated MMA (int4 on sm_90a) composes, but QuantLinear runs the fallback: say what runs
         reason = preset_status(name, args.target)
@@ -391,6 +406,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
         if choice is not None and choice.reasons[0] != _UNCOMPOSED:
             reason = choice.reasons[0]
         status = f"as {choice.compute_dtype}" if choice else "yes" if reason is None else "no "
+        act = preset(name).activation
+        if status == "yes" and act is not None and dequantized_activations_default(act, "bfloat16", target):
+            status = "as values"
         line = f"{name:22s} {status:11s}  {preset(name).summary()}"
         print(line if reason is None else f"{line}\n{'':36s}({reason})")
     return 0

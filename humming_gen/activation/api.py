@@ -98,42 +98,43 @@ def panel_layout_problem(scheme: ActivationScheme, shape: tuple[int, ...]) -> st
     return None
 
 
-def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale) -> None:
-    """ValueError / TypeError naming the argument before anything is launched."""
+def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale, who: str = "quantize_activation",
+                 codes: bool = True) -> None:
+    """ValueError / TypeError naming the argument before anything is launched (`codes`: 4-bit codes need an even K)."""
     if not isinstance(scheme, ActivationScheme):
-        raise TypeError(f"quantize_activation: activation_scheme must be an ActivationScheme, got "
+        raise TypeError(f"{who}: activation_scheme must be an ActivationScheme, got "
                         f"{type(scheme).__name__}")
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"quantize_activation: x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{who}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _INPUT_DTYPES:
-        raise ValueError(f"quantize_activation: x.dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+        raise ValueError(f"{who}: x.dtype is {x.dtype}; allowed: bfloat16, float16, float32")
     if x.dim() < 2:
-        raise ValueError(f"quantize_activation: x must be (..., M, K) with at least 2 dims, got shape "
+        raise ValueError(f"{who}: x must be (..., M, K) with at least 2 dims, got shape "
                          f"{tuple(x.shape)}")
     if x.device.type not in _DEVICE_TYPES:
-        raise ValueError(f"quantize_activation: x is on {x.device}; the kernels run on a CUDA device")
+        raise ValueError(f"{who}: x is on {x.device}; the kernels run on a CUDA device")
     k = x.shape[-1]
     if k < 1 or x.numel() == 0:
-        raise ValueError(f"quantize_activation: x has shape {tuple(x.shape)}; K and M must be >= 1")
+        raise ValueError(f"{who}: x has shape {tuple(x.shape)}; K and M must be >= 1")
     if k >= 2 ** 31:
-        raise ValueError(f"quantize_activation: K = {k} is above the kernels' 32-bit column index")
+        raise ValueError(f"{who}: K = {k} is above the kernels' 32-bit column index")
     if x.stride(-1) != 1:
-        raise ValueError(f"quantize_activation: x must have unit stride along K (row-major rows), got strides "
+        raise ValueError(f"{who}: x must have unit stride along K (row-major rows), got strides "
                          f"{x.stride()}")
     try:
         if x.dim() != 2:  # (m, k) rows of unit column stride always have one row stride
             x.view(-1, k)
     except RuntimeError:
-        raise ValueError(f"quantize_activation: the leading dims of x must flatten to rows of one stride, got "
+        raise ValueError(f"{who}: the leading dims of x must flatten to rows of one stride, got "
                          f"shape {tuple(x.shape)} strides {x.stride()}; pass x.contiguous()") from None
-    if scheme.dtype.bits == 4 and k % 2:
-        raise ValueError(f"quantize_activation: 4-bit codes are stored two per byte, so K must be even, got {k}")
+    if codes and scheme.dtype.bits == 4 and k % 2:
+        raise ValueError(f"{who}: 4-bit codes are stored two per byte, so K must be even, got {k}")
     if static_scale is not None:
         if not isinstance(static_scale, torch.Tensor) or static_scale.numel() != 1:
-            raise ValueError("quantize_activation: static_scale must be a one-element tensor (a checkpoint's "
+            raise ValueError(f"{who}: static_scale must be a one-element tensor (a checkpoint's "
                              "input_scale)")
         if static_scale.device != x.device:
-            raise ValueError(f"quantize_activation: static_scale is on {static_scale.device}, x on {x.device}")
+            raise ValueError(f"{who}: static_scale is on {static_scale.device}, x on {x.device}")
 
 
 def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
@@ -240,18 +241,19 @@ def fake_quantize_activation(x: torch.Tensor, activation_scheme: ActivationSchem
 
     Bit-identical to `activation_scheme.quantize(x).dequantize(dtype)` (each element's decode(code) * scale,
     converted as torch converts the float64 product: to fp32, then to nearest in `dtype`) on the same input, except
-    that NaN elements come out as the CUDA conversion's canonical NaN. With e8m0 scales (MXFP8) every value of an
-    8-bit element is exact in bfloat16 (a code of at most 4 significant bits times a power of two; only groups whose
-    scale is below 2^-118 can lose bits to bf16's subnormals), so 16-bit GEMMs on these values compute the products
-    of the quantized GEMM (QuantLinear's dequantize_activations). The scales are computed but not returned. Schemes
-    with a global scale (NVFP4) are refused.
+    that NaN elements come out as the CUDA conversion's canonical NaN. With e8m0 scales every value of an 8-bit
+    element is exact in bfloat16 (a code of at most 7 significant bits times a power of two), unless it falls below
+    bf16's normal range (2^-126), which takes a group scale below 2^-110; so 16-bit GEMMs on these values compute
+    the products of the quantized GEMM (QuantLinear's dequantize_activations). In float16 values can round past its
+    range (65504) to inf. The scales are computed but not returned. Schemes with a global scale (NVFP4) are refused;
+    4-bit elements take any K (their values are stored as 16-bit values, not packed codes).
     """
     if dtype not in _VALUE_DTYPES:
         raise ValueError(f"fake_quantize_activation: dtype is {dtype}; allowed: torch.bfloat16, torch.float16")
     if isinstance(activation_scheme, ActivationScheme) and activation_scheme.global_scale:
         raise ValueError("fake_quantize_activation: schemes with a global scale (NVFP4) are not served; use "
                          "quantize_activation(...).dequantize(dtype)")
-    _check_input(x, activation_scheme, static_scale)
+    _check_input(x, activation_scheme, static_scale, "fake_quantize_activation", codes=False)
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]

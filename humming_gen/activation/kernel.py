@@ -17,7 +17,8 @@ import struct
 import attrs
 
 from humming_gen.activation.components import (BlockMax, BlockScaleRule, ElementCode, ElementValue, Rounding,
-                                               ScalarPtx, Skeleton, StaticScale, VectorIO, hardware_convert, near_quotient)
+                                               ScalarPtx, Skeleton, StaticScale, VectorIO, hardware_convert,
+                                               near_quotient)
 import humming_gen.runtime as runtime
 from humming_gen.codegen import standalone
 from humming_gen.components.ptx.wrappers import GridDependency
@@ -93,8 +94,9 @@ class QuantizeConfig(standalone.StandaloneConfig):
     panels: 8-bit codes in the panel layout (quantize_activation(layout="panels")), which the warp-specialized
     8-bit GEMMs copy a stage of in one bulk copy; Params.ldq is then the panel stride, m * 128 bytes.
     dequantize: "bfloat16" / "float16": store each element's dequantized value (decode(code) * scale in fp32,
-    rounded to nearest into that type, as torch converts the float64 product) instead of its code (fake_quantize_activation), for 16-bit GEMMs that run the scheme's values;
-    Params.codes is then the (m, k) values, row stride ldq bytes. The scales are stored as usual.
+    rounded to nearest into that type, as torch converts the float64 product) instead of its code
+    (fake_quantize_activation), for 16-bit GEMMs that run the scheme's values; Params.codes is then the (m, k)
+    values, row stride ldq bytes. The scales are stored as usual.
     """
 
     scheme: ActivationScheme
@@ -242,7 +244,8 @@ def components(cfg: QuantizeConfig) -> list:
     e8m0 = s.scale_dtype.name == "float8e8m0"
     partials = cfg.needs_amax_pass and cfg.stage == "quantize"
     value_type = "double" if s.global_scale else "float"
-    exact_product = cfg.stage == "quantize" and e8m0 and EXACT_E8M0_PRODUCT
+    # (a static per-tensor scale is the checkpoint's fp32 value, not a power of two)
+    exact_product = cfg.stage == "quantize" and e8m0 and not cfg.static and EXACT_E8M0_PRODUCT
     near = cfg.stage == "quantize" and NEAR_QUOTIENT and near_quotient(s.dtype, value_type) and not exact_product
     out: list = []
     if cfg.pdl:

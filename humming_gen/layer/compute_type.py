@@ -104,22 +104,23 @@ def dequantized_activations_default(act: ActivationScheme, dtype_name: str, targ
     with fp32 (or 16-bit) scales each value is rounded to bf16, 2^-9 relative at most, a thirtieth of the fp8
     quantization's own 2^-4, as x itself was bf16 (relative error of the output against the float64 reference of the
     quantized GEMM: 2.2e-3 against the 8-bit kernels' 1.7e-3, the bf16 output rounding most of both).
-    H200, graph us with the quantization, 8-bit kernels -> 16-bit values (bench/dequantized_route.py, 2026-12-04):
+    H200, graph us with the quantization, 8-bit kernels / 16-bit values (bench/dequantized_route.py, 2026-12-04):
 
-    | weights, N x K | M = 1 | M = 16 | M = 64 | M = 256 | M = 1024 | M = 4096 |
+    | weights x activations, N x K | M = 1 | 16 | 64 | 256 | 1024 | 4096 |
     |---|---|---|---|---|---|---|
-    | MXFP4, 3072 x 4096 | 9.8 -> 10.5 | 11.1 -> 13.6 | 17.5 -> 16.6 | 36.7 -> 26.9 | 105.8 -> 61.2 | 321.0 -> 193.4 |
-    | MXFP4, 14336 x 4096 | 21.0 -> 19.4 | 23.2 -> 22.2 | 36.0 -> 32.5 | 101.2 -> 57.5 | 340.2 -> 213.1 | 1343.3 -> 793.1 |
-    | MXFP4, 8192 x 8192 | 23.0 -> 20.1 | 28.3 -> 23.2 | 40.8 -> 32.4 | 102.7 -> 67.8 | 389.2 -> 214.3 | 1530.0 -> 871.2 |
-    | MXFP8 (w8a8-mxfp8), 3072 x 4096 | 9.4 -> 14.6 | 10.6 -> 14.6 | 17.0 -> 17.3 | 36.0 -> 27.6 | 122.4 -> 60.7 | 368.1 -> 188.8 |
-    | MXFP8, 14336 x 4096 | 23.5 -> 23.7 | 24.1 -> 26.5 | 36.2 -> 33.9 | 117.8 -> 58.0 | 394.2 -> 216.2 | 1541.9 -> 837.1 |
-    | MXFP8, 8192 x 8192 | 27.2 -> 24.5 | 30.6 -> 27.3 | 41.9 -> 34.6 | 117.2 -> 70.9 | 451.5 -> 217.9 | 1774.4 -> 893.1 |
+    | MXFP4 x MXFP8, 3072 x 4096 | 9.8 / 10.5 | 11.1 / 13.6 | 17.5 / 16.6 | 36.7 / 26.9 | 105.8 / 61.2 | 321.0 / 193.4 |
+    | the same, 14336 x 4096 | 21.0 / 19.4 | 23.2 / 22.2 | 36.0 / 32.5 | 101.2 / 57.5 | 340.2 / 213.1 | 1343 / 793.1 |
+    | the same, 8192 x 8192 | 23.0 / 20.1 | 28.3 / 23.2 | 40.8 / 32.4 | 102.7 / 67.8 | 389.2 / 214.3 | 1530 / 871.2 |
+    | w8a8-mxfp8, 3072 x 4096 | 9.4 / 14.6 | 10.6 / 14.6 | 17.0 / 17.3 | 36.0 / 27.6 | 122.4 / 60.7 | 368.1 / 188.8 |
+    | the same, 14336 x 4096 | 23.5 / 23.7 | 24.1 / 26.5 | 36.2 / 33.9 | 117.8 / 58.0 | 394.2 / 216.2 | 1542 / 837.1 |
+    | the same, 8192 x 8192 | 27.2 / 24.5 | 30.6 / 27.3 | 41.9 / 34.6 | 117.2 / 70.9 | 451.5 / 217.9 | 1774 / 893.1 |
+    | MXFP4 x fp8 g32, 3072 x 4096 | 9.4 / 10.4 | 10.7 / 13.2 | 16.1 / 16.1 | 34.0 / 26.5 | 102.6 / 60.4 | 310.2 / 196.3 |
+    | the same, 14336 x 4096 | 20.5 / 19.8 | 22.3 / 22.5 | 34.3 / 32.7 | 100.9 / 58.1 | 336.6 / 215.6 | 1323 / 797.4 |
+    | the same, 8192 x 8192 | 23.0 / 20.6 | 27.9 / 23.5 | 39.5 / 32.8 | 100.5 / 68.7 | 384.0 / 214.7 | 1512 / 920.6 |
 
-    | MXFP4 x fp8 group-32 (fp32 scales), 3072 x 4096 | 9.4 -> 10.4 | 10.7 -> 13.2 | 16.1 -> 16.1 | 34.0 -> 26.5 | 102.6 -> 60.4 | 310.2 -> 196.3 |
-    | the same, 14336 x 4096 | 20.5 -> 19.8 | 22.3 -> 22.5 | 34.3 -> 32.7 | 100.9 -> 58.1 | 336.6 -> 215.6 | 1322.5 -> 797.4 |
-    | the same, 8192 x 8192 | 23.0 -> 20.6 | 27.9 -> 23.5 | 39.5 -> 32.8 | 100.5 -> 68.7 | 384.0 -> 214.7 | 1511.7 -> 920.6 |
-
-    Slower only at M <= 16 on the smallest shape (up to 5.2 us for 8-bit weights: their 16-bit kernels there).
+    Faster from M = 256 on every shape (1.5-2.1x from M = 1024), level at M = 64 (17.0 / 17.3 the worst), slower
+    at M <= 16 on 3072 x 4096 (up to 5.2 us for 8-bit weights, whose 16-bit kernels there are slower) and on
+    14336 x 4096 with 8-bit weights (up to 2.4 us): a layer holds one packed weight, so the choice is per layer.
     int8 group activations (unmeasured; their 7-bit codes times a scale are not exact in bf16) keep the 8-bit
     kernels."""
     return (act.granularity == "group" and act.group_size < 128 and act.dtype.is_float and act.dtype.bits == 8
@@ -128,22 +129,33 @@ def dequantized_activations_default(act: ActivationScheme, dtype_name: str, targ
 
 def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "Target",
                             dequantize_activations: bool | None, *, weight_only: bool, quantize_in_gemm: bool,
-                            batch_invariant: bool) -> ActivationScheme | None:
+                            batch_invariant: bool, strict: bool = False, tunings_given: bool = False,
+                            static_scale: bool = False, who: str = "QuantLinear") -> ActivationScheme | None:
     """The activation scheme a layer quantizes x with and then runs as 16-bit values (fake_quantize_activation) on
     the 16-bit kernels, or None where it runs the 8-bit kernels (or weight-only). dequantize_activations: True
     always (any target: only the quantization kernel and the 16-bit GEMMs are needed; values that are not exact in
-    the layer's dtype are rounded to it), False never, None where `dequantized_activations_default` says so.
-    ValueError where True cannot be honoured."""
+    the layer's dtype are rounded to it), False never, None where `dequantized_activations_default` says so and the
+    caller did not pin the kernels (strict=True: the scheme's own activations; explicit tunings: chosen for the
+    8-bit kernels; quantize_in_gemm, batch_invariant, weight_only). ValueError where True cannot be honoured."""
     import torch
 
     from humming_gen.activation.kernel import scheme_problems
 
     act = scheme.activation
     if dequantize_activations is None:
-        if act is None or weight_only or quantize_in_gemm or batch_invariant or scheme_problems(act):
+        if (act is None or weight_only or quantize_in_gemm or batch_invariant or strict or tunings_given
+                or scheme_problems(act)):
             return None
         name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "")
-        return act if dequantized_activations_default(act, name, target) else None
+        if not dequantized_activations_default(act, name, target):
+            return None
+        key = (repr(scheme), target.name, "values")
+        if key not in _LOGGED:
+            _LOGGED.add(key)
+            logger.info("%s: %s activations in groups of %d run as bf16 values on the 16-bit kernels on %s "
+                        "(dequantize_activations=False runs the 8-bit kernels)", who, act.dtype.name,
+                        act.group_size, target.name)
+        return act
     if not isinstance(dequantize_activations, bool):
         raise TypeError(f"dequantize_activations must be True, False or None, got {dequantize_activations!r}")
     if not dequantize_activations:
@@ -155,6 +167,9 @@ def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "
         problems.append("activation schemes with a global scale (NVFP4) have no 16-bit value kernel")
     elif scheme_problems(act):
         problems += scheme_problems(act)
+    elif batch_invariant and act.granularity == "tensor" and not static_scale:
+        problems.append("batch_invariant=True with a dynamic per-tensor activation scale (the amax over every row "
+                        "of the batch)")
     if weight_only:
         problems.append("weight_only=True runs unquantized 16-bit activations")
     if quantize_in_gemm:

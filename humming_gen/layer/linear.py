@@ -47,9 +47,11 @@ class QuantLinear(torch.nn.Module):
     exponents allow it (`fold_scales` says whether they do; humming_gen.components.numeric.exponent_fold).
     dequantize_activations: True runs the scheme's quantized activations as 16-bit values (fake_quantize_activation,
     bit-identical to scheme.activation.quantize(x).dequantize(dtype)) on the 16-bit kernels, on any target; None
-    (default) does so where that is exact and faster (MXFP8-style e8m0 group-32 activations on sm_90a in bf16
-    layers: `compute_type.dequantized_activations_default`); False keeps the 8-bit kernels. `value_scheme` says
-    which runs (None: the 8-bit kernels, or no activation quantization).
+    (default) does so for fp8 activations in groups shorter than 128 (MXFP8: exact values; fp32 scales: values
+    rounded to bf16) on sm_90a in bf16 layers, 1.6-2x faster from M = 256 but up to 5 us slower at M <= 16 on small
+    layers (`compute_type.dequantized_activations_default`), unless strict=True, explicit tunings, quantize_in_gemm,
+    batch_invariant or weight_only pin the kernels; False keeps the 8-bit kernels. `value_scheme` says which runs
+    (None: the 8-bit kernels, or no activation quantization).
     quantize_in_gemm=True (opt-in; more GPU time on the H200, README): buckets of M <= 16 with dynamic per-token
     or static per-tensor fp8 / int8 activations run standard-pipeline kernels that quantize x in their loader
     (TuningConfig.a_load='quantize'): one launch per call instead of two, no codes or scales allocated
@@ -82,10 +84,12 @@ class QuantLinear(torch.nn.Module):
         self.target = _resolve_target(target)
         self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
         #: the activation scheme whose values (fake_quantize_activation) the 16-bit kernels run on, where the layer
-        #: dequantizes activations (dequantize_activations; humming_gen.heuristics.dequantized_activations)
+        #: dequantizes activations (dequantize_activations; compute_type.dequantized_activations_default)
         self.value_scheme = value_activation_scheme(qweight.scheme, dtype, self.target, dequantize_activations,
                                                     weight_only=weight_only, quantize_in_gemm=quantize_in_gemm,
-                                                    batch_invariant=batch_invariant)
+                                                    batch_invariant=batch_invariant, strict=strict,
+                                                    tunings_given=tunings is not None,
+                                                    static_scale=qweight.input_scale is not None)
         if self.value_scheme is not None:
             choice = ComputeChoice(attrs.evolve(qweight.scheme, activation=None), _DTYPE_NAME[dtype], ())
         else:

@@ -157,7 +157,9 @@ class QuantMoE(torch.nn.Module):
     kernels cannot serve it (fp8 needs sm_89+) the GEMM falls back to the next compute type, logged once, as for
     QuantLinear (`compute_dtypes`; strict=True refuses), and weight_only=True runs the weights with 16-bit
     activations. MXFP4-style e8m0 group scales fold into the e4m3 weights of the warp-specialized 8-bit kernels,
-    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear).
+    per GEMM, where every row of every expert allows it (`fold_scales`; as QuantLinear). Group-scaled fp8
+    activations (MXFP8, fp8 group-32) run on the 8-bit kernels here: QuantLinear's dequantize_activations (their
+    values on the 16-bit kernels, its default on sm_90a) has no MoE counterpart yet.
     Batch invariance (no `batch_invariant` option, unlike QuantLinear): within one bucket (`bucket_for(M, top_k)`,
     the same two kernels) a token's output row is bitwise the same in every batch, whatever the other tokens and
     wherever the routing places it: each assignment row's K sum is ordered by its kernel alone (a split-K kernel

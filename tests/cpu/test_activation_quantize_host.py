@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from humming_gen.activation.components import BlockScaleRule, ElementCode, Rounding
+from humming_gen.activation import kernel as activation_kernel
 from humming_gen.activation.kernel import QuantizeConfig, components
 from humming_gen.formats import FloatType
 from humming_gen.codegen.render import environment
@@ -98,6 +99,9 @@ SCHEMES = {
     "mxfp8-rceil": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0"),
     "mxfp8-floor": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="floor"),
     "mxfp8-even": A("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="even"),
+    # e5m2 has an inf code: a finite element over an inf amax (small floor-rule scale) must saturate, not become inf
+    "mxfp8-e5m2-floor": A("float8e5m2", granularity="group", group_size=32, scale_dtype="float8e8m0",
+                          scale_rule="floor"),
     "mxfp4-even": A("float4e2m1", granularity="group", group_size=32, scale_dtype="float8e8m0", scale_rule="even"),
     "nvfp4": A("float4e2m1", granularity="group", group_size=16, scale_dtype="float8e4m3", global_scale=True),
     "int4-g32-bf16scale": A("int4", granularity="group", group_size=32, scale_dtype="bfloat16"),
@@ -111,12 +115,19 @@ SCHEMES = {
 def _build(scheme: A, tmp_path, near: bool = True):
     """`near`: the elements divided as quantize_vector divides them where ElementCode.near (x times the scale's
     reciprocal where it rounds as the quotient, rounds_as_quotient); False: every element by the exact quotient.
-    e8m0 scales take x times the reciprocal either way (ElementCode.exact_product: the exact quotient)."""
+    e8m0 scales: x times the exact reciprocal (ElementCode.exact_product: power_of_two_quotient) with `near`, the
+    fp32 scales' path (activation.kernel.EXACT_E8M0_PRODUCT = False) without."""
     cfg = QuantizeConfig(scheme, "float32", get_target("sm_80"))  # sm_80: no cvt, the software path
     env = environment()
     parts = [PRELUDE]
     near_used = exact_product = False
-    for c in components(cfg):
+    saved = activation_kernel.EXACT_E8M0_PRODUCT
+    activation_kernel.EXACT_E8M0_PRODUCT = near
+    try:
+        built = components(cfg)
+    finally:
+        activation_kernel.EXACT_E8M0_PRODUCT = saved
+    for c in built:
         if isinstance(c, (Rounding, BlockScaleRule, ElementCode)):
             near_used = near_used or (isinstance(c, ElementCode) and c.near and near)
             exact_product = exact_product or (isinstance(c, ElementCode) and c.exact_product)
@@ -128,7 +139,7 @@ def _build(scheme: A, tmp_path, near: bool = True):
     if near_used:
         main = main.replace("encode_pair(quotient(x[i], s.value), 0.0f)", f"({near_code})")
     if exact_product:  # e8m0 scales: quantize_vector takes x times the exact reciprocal (no quotient() rendered)
-        main = main.replace("quotient(x[i], s.value)", "__fmul_rn(x[i], __frcp_rn(s.value))")
+        main = main.replace("quotient(x[i], s.value)", "power_of_two_quotient(x[i], __frcp_rn(s.value))")
     if scheme.global_scale:
         main = main.replace("GLOBAL_READ", "u32 g_bits; std::scanf(\"%u\", &g_bits); const float g = bits_f32(g_bits);")
         main = main.replace("GLOBAL_ARG", ", g")
@@ -194,6 +205,9 @@ def _blocks(scheme: A, seed: int) -> list[torch.Tensor]:
     inf = torch.randn(n, generator=g)
     inf[5] = -math.inf
     rows.append(inf)
+    huge = torch.randn(n, generator=g)  # inf beside huge finite values: with e8m0 rules whose scale of an inf amax is
+    huge[:4] = torch.tensor([math.inf, 1e38, -1e37, 3e35])  # small, their quotients exceed fp32 and saturate
+    rows.append(huge)
     return rows
 
 

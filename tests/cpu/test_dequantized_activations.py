@@ -49,7 +49,8 @@ def test_default_route(scheme, target: str, dtype: torch.dtype, expected: bool) 
         assert layer.compute_dtype == "bfloat16" and layer.value_scheme == act
         assert layer.layer_config.scheme.activation is None and layer.activation_scheme is None
         assert "dequantize_activations=True" in repr(layer)
-        assert all("f16" in k.plan.kernel_name or "bf16" in k.plan.kernel_name or True for k in layer.kernels)
+        assert all(k.plan.layer.scheme.activation is None and k.plan.tuning.mma in ("m16n8k16", "wgmma")
+                   for k in layer.kernels), [k.plan.kernel_name for k in layer.kernels]
     else:
         assert layer.compute_dtype != "bfloat16" or layer.fallback_reasons
 
@@ -58,6 +59,11 @@ def test_opt_out_and_other_switches_keep_the_8_bit_kernels() -> None:
     assert _layer("w8a8-mxfp8", dequantize_activations=False).compute_dtype == "float8e4m3"
     assert _layer("w8a8-mxfp8", quantize_in_gemm=True).value_scheme is None
     assert _layer("w8a8-mxfp8", batch_invariant=True).value_scheme is None
+    strict = _layer("w8a8-mxfp8", strict=True)  # strict: the scheme's own activations on their own MMA
+    assert strict.value_scheme is None and strict.compute_dtype == "float8e4m3"
+    # explicit tunings (e.g. `humming-gen bench --standard`'s, chosen for the 8-bit layer) pin the 8-bit kernels
+    pinned = _layer("w8a8-mxfp8", tunings=strict.tunings)
+    assert pinned.value_scheme is None and pinned.tunings == strict.tunings
     weight_only = _layer("w8a8-mxfp8", weight_only=True)
     assert weight_only.value_scheme is None and weight_only.scheme.activation is None
 
@@ -70,6 +76,50 @@ def test_requested_route_runs_on_targets_without_the_8_bit_mma() -> None:
     layer = _layer("w8a8-fp8-channel", "sm_80", dequantize_activations=True)
     assert layer.value_scheme == hg.scheme("w8a8-fp8-channel").activation and not layer.fallback_reasons
     assert layer.scheme.activation == layer.value_scheme
+
+
+def test_batch_invariant_route_needs_a_row_local_scale() -> None:
+    """fake_quantize_activation's dynamic per-tensor scale is the batch's amax: not batch-invariant; a checkpoint's
+    static per-tensor scale, or per-token scales, are."""
+    with pytest.raises(ValueError, match="batch_invariant=True with a dynamic per-tensor"):
+        _layer("w8a8-fp8-tensor", dequantize_activations=True, batch_invariant=True)
+    qw = hg.scheme("w8a8-fp8-tensor").quantize(torch.randn(256, 512))
+    qw.input_scale = torch.tensor([0.05])
+    layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu", dequantize_activations=True,
+                                          batch_invariant=True)
+    assert layer.value_scheme is not None and layer._static_scale is not None
+    assert _layer("w8a8-fp8-channel", dequantize_activations=True, batch_invariant=True).value_scheme is not None
+
+
+def test_static_e8m0_scale_takes_the_division() -> None:
+    """A static per-tensor scale is the checkpoint's fp32 value, not a power of two: no exact-product path."""
+    from humming_gen.activation.components import ElementCode
+    from humming_gen.activation.kernel import components
+
+    tensor_e8m0 = hg.ActivationScheme("float8e4m3", granularity="tensor", scale_dtype="float8e8m0")
+    for static, exact in ((True, False), (False, True)):
+        cfg = QuantizeConfig(tensor_e8m0, "bfloat16", get_target("sm_90a"), static=static)
+        code = next(c for c in components(cfg) if isinstance(c, ElementCode))
+        assert code.exact_product == exact
+        assert ("power_of_two_quotient" in generate(cfg)) == exact
+
+
+def test_cli_presets_and_inspect_name_the_route(capsys) -> None:
+    from humming_gen.cli import main
+
+    assert main(["presets", "--target", "sm_90a"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("w")}
+    assert " as values " in lines["w8a8-mxfp8"] and " yes " in lines["w8a8-fp8-block128"]
+    assert main(["presets", "--target", "sm_89"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("w")}
+    assert " yes " in lines["w8a8-mxfp8"]
+    for extra, act in (([], "act=16-bit"), (["--strict"], "act=float8e4m3/group")):
+        rc = main(["tune", "--n", "256", "--k", "1024", "--scheme", "w8a8-mxfp8", "--target", "sm_90a", "--m", "16",
+                   "--dry-run", *extra])
+        out = capsys.readouterr().out
+        assert rc == 0
+        assert act in next(line for line in out.splitlines() if line.startswith("layer")), out
+        assert ("bf16 values on the 16-bit kernels" in out) == (not extra)
 
 
 @pytest.mark.parametrize("scheme,kwargs,match", [

@@ -1,8 +1,8 @@
 """Activations quantized and run as 16-bit values: `fake_quantize_activation` (bit-identical to the scheme's
 quantize(x).dequantize(dtype)) and QuantLinear(dequantize_activations=...), which feeds those values to the 16-bit
-kernels: by default for MXFP8-style activations (e8m0 group-32 scales) on sm_90a in bf16 layers, where the values
-are exact and the 16-bit GEMM computes the quantized GEMM's products; on request for any scheme without a global
-scale, on any target.
+kernels: by default for fp8 activations in groups shorter than 128 on sm_90a in bf16 layers (MXFP8: exact values,
+so the 16-bit GEMM computes the quantized GEMM's products; fp32 scales: values rounded to bf16); on request for any
+scheme without a global scale, on any target.
 
 The layer's reference is reference_gemm on the quantized-then-dequantized activations (float64) times the
 dequantized weight; what remains is fp32 accumulation and the output rounding (plus, for fp32-scaled schemes forced
@@ -31,6 +31,9 @@ ACTIVATIONS = {
     "fp8-token": hg.ActivationScheme("float8e4m3"),
     "int8-token": hg.ActivationScheme("int8"),
     "fp8-tensor": hg.ActivationScheme("float8e4m3", granularity="tensor"),
+    "e8m0-tensor": hg.ActivationScheme("float8e4m3", granularity="tensor", scale_dtype="float8e8m0"),
+    "e5m2-mx-floor": hg.ActivationScheme("float8e5m2", granularity="group", group_size=32, scale_dtype="float8e8m0",
+                                         scale_rule="floor"),
     "int4-g32-bf16": hg.ActivationScheme("int4", granularity="group", group_size=32, scale_dtype="bfloat16"),
 }
 TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}
@@ -56,13 +59,20 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["to-bf16", "to-fp16"])
 def test_fake_quantize_is_the_reference_dequantized(name, in_dtype, out_dtype) -> None:
     act = ACTIVATIONS[name]
-    for seed, (m, k) in enumerate(((5, 4096), (300, 1024), (3, 3000), (2, 36))):  # 3000, 36: element loads
-        if act.dtype.bits == 4 and k % 2:
-            continue
+    # 3004: element loads of 16-bit x (6008 bytes a row), 16-byte ones of fp32; 37: element loads of every dtype
+    for seed, (m, k) in enumerate(((5, 4096), (300, 1024), (3, 3004), (2, 37))):
         x = _x(m, k, in_dtype, seed)
-        static = torch.tensor([0.07], device="cuda") if name == "fp8-tensor" and seed % 2 else None
+        if seed == 1:  # inf beside huge finite values (an e8m0 floor-rule block scale of an inf amax is small), NaN
+            x[2, :4] = torch.tensor([float("inf"), 3e38 if in_dtype != torch.float16 else 6e4, -1e37 if
+                                     in_dtype != torch.float16 else -3e4, 1.0])
+            x[3, 5] = float("nan")
+        static = torch.tensor([0.3], device="cuda") if act.granularity == "tensor" and seed % 2 else None
         got = hg.fake_quantize_activation(x, act, static, dtype=out_dtype)
-        want = reference_quantize(act, x, static).dequantize(out_dtype)
+        ref = reference_quantize(act, x, static)
+        want = ref.dequantize(out_dtype)
+        if act.dtype.bits == 8:  # the codes of quantize_activation, on the same input
+            codes = hg.quantize_activation(x, act, static).to_reference().codes
+            assert torch.equal(codes, ref.codes), f"{name} {m}x{k}: codes differ"
         assert got.shape == x.shape and got.dtype == out_dtype
         bad = ~_same_bits(got, want)
         assert not bad.any(), (f"{name} {m}x{k} static={static is not None}: {int(bad.sum())} values differ, first "
