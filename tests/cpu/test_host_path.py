@@ -356,3 +356,38 @@ def test_moe_bound_quantizers_launch_what_quantize_activation_launches(layers, l
             g_words = set(struct.unpack(f"<{len(launches[q + 1][2]) // 8}Q", launches[q + 1][2]))
             assert len({w for w in q_words & g_words if w >= 1 << 40}) >= 2, (path, names[q + 1])
     assert paths["bound"] == paths["general"]
+
+
+@pytest.mark.parametrize("m", [1, 37])
+@pytest.mark.parametrize("kind", ["mxfp8", "static-tensor"])
+def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, m, kind):
+    """QuantLinear(dequantize_activations): one fake_quantize_activation kernel (dequantize mode) on x's rows, then
+    the 16-bit GEMM reading exactly the values it wrote (row stride K), with the layer's static scale where the
+    scheme has one; 3-d x with strided rows is read in place."""
+    from humming_gen.activation.kernel import param_fields, params_struct
+
+    scheme = hg.scheme("w8a8-mxfp8" if kind == "mxfp8" else "w8a8-fp8-tensor")
+    qw = scheme.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(3)) * 0.05)
+    if kind == "static-tensor":
+        qw = __import__("attrs").evolve(qw, input_scale=torch.tensor(0.02))
+    layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu",
+                                          dequantize_activations=None if kind == "mxfp8" else True)
+    assert layer.value_scheme == scheme.activation
+    base = torch.randn(2, m, K + 64, generator=torch.Generator().manual_seed(m)).bfloat16()
+    for x in (base[0, :, :K].contiguous(), base[:, :, :K]):  # contiguous rows; 3-d rows K + 64 apart
+        launches.clear()
+        y = layer(x)
+        assert y.shape == (*x.shape[:-1], N)
+        (q_name, _, q_params), (g_name, _, g_params) = launches
+        assert "_dq_bfloat16_" in q_name and "gemm_" in g_name, (q_name, g_name)
+        plan = api._plans[next(k for k in api._plans if k[-1] == "bfloat16")]
+        fields = [f[0] for f in param_fields(plan.config)]
+        q = dict(zip(fields, params_struct(plan.config).unpack(q_params)))
+        kernel = layer.kernel_for(x.numel() // K)
+        g = dict(zip([a.name for a in kernel.plan.args], kernel._struct.unpack(g_params)))
+        rows = x.numel() // K
+        assert q["x"] == x.data_ptr() and q["ldx"] == (K if x.dim() == 2 else K + 64) and q["m"] == rows
+        assert q["k"] == K and q["ldq"] == 2 * K and g["a"] == q["codes"] and g["lda"] == K
+        if kind == "static-tensor":
+            assert q["tensor_scale"] == layer._static_scale.data_ptr()
+            assert float(layer._static_scale.reshape(())) == pytest.approx(0.02)
