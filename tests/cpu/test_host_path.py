@@ -391,3 +391,23 @@ def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, m, kind):
         if kind == "static-tensor":
             assert q["tensor_scale"] == layer._static_scale.data_ptr()
             assert float(layer._static_scale.reshape(())) == pytest.approx(0.02)
+
+
+def test_dequantized_route_host_path_structure(launches):
+    """An eager forward of the values route (w8a8-mxfp8 on sm_90a): two launches (values, 16-bit GEMM), the output,
+    values and scales allocated (and a view of the output), no config built, a budget of Python calls (today 32,
+    against 27 for the 8-bit route's bound quantizer: fake_quantize_activation's checks and plan lookup)."""
+    qw = hg.scheme("w8a8-mxfp8").quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(4)) * 0.05)
+    layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
+    assert layer.value_scheme is not None
+    (x,) = _inputs("linear")
+    layer(x)
+    launches.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(x)
+    assert len(launches) == 2 and "_dq_bfloat16_" in launches[0][0], [name for name, _, _ in launches]
+    ops = Counter(e.name for e in prof.events() if e.cpu_parent is None and e.name not in CPU_ONLY)
+    assert not ops - Counter({"aten::empty": 3, "aten::view": 1}), dict(ops)
+    calls = _python_calls(lambda: layer(x))
+    assert not [n for n in calls if any(w in n for w in ("Config.__init__", "compose", "evolve", "build"))]
+    assert sum(calls.values()) <= 42, calls.most_common(15)
