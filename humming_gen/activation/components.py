@@ -196,6 +196,8 @@ class VectorIO(Component):
 
     def extra_context(self) -> dict[str, Any]:
         store_bits = 16 if self.dequantize else self.bits
+        # store_codes addresses 16-bit values only in its 16- and 8-byte wide branches and its element stores
+        assert not (self.dequantize and self.wide) or self.vector * 2 in (8, 16), "no store of this vector's values"
         return {"input_type": INPUT_TYPE[self.input_dtype], "store_bytes": self.vector * store_bits // 8,
                 "store_bits": store_bits, "mask": hex((1 << self.bits) - 1),
                 "codes_type": "ElementCodes" if self.dequantize else "Codes",
