@@ -60,7 +60,8 @@ class _Plan:
         return self._row_warps, self._row_warps.config.rows_per_cta
 
     def row_bytes(self, k: int) -> int:
-        return k if self.bits == 8 else k // 2
+        """Bytes per row of codes (of 16-bit values for a dequantize plan)."""
+        return 2 * k if self.config.dequantize else k if self.bits == 8 else k // 2
 
     def ldq(self, k: int) -> int:
         """Bytes per row of codes: rows 16-byte aligned."""
@@ -137,6 +138,16 @@ def _check_input(x: torch.Tensor, scheme: ActivationScheme, static_scale, who: s
             raise ValueError(f"{who}: static_scale is on {static_scale.device}, x on {x.device}")
 
 
+def _row_matrix(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(x as the (m, k) row matrix the kernels read, whether they may take 16-byte loads of it): an (m, k) x is its
+    own row matrix, except one row, whose stride view() sets to k; 16-byte loads where K, the row stride and the
+    start allow them (the amax pass reads whole rows; the quantize kernel also needs whole vectors per group)."""
+    k = x.shape[-1]
+    x2 = x if x.dim() == 2 and (x.shape[0] != 1 or x.stride(0) == k) else x.view(-1, k)
+    size = x.element_size()
+    return x2, k * size % 16 == 0 and x2.stride(0) * size % 16 == 0 and x2.data_ptr() % 16 == 0
+
+
 def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
                         static_scale: torch.Tensor | None = None, *,
                         hardware_convert: bool = True, layout: str = "rows") -> QuantizedActivation:
@@ -170,13 +181,8 @@ def quantize_activation(x: torch.Tensor, activation_scheme: ActivationScheme,
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]
-    # (m, k) x is its own row matrix, except one row, whose stride view() sets to k
-    x2 = x if x.dim() == 2 and (x.shape[0] != 1 or x.stride(0) == k) else x.view(-1, k)
+    x2, row_wide = _row_matrix(x)
     m = x2.shape[0]
-    element_bytes = x.element_size()
-    # 16-byte loads where K, the row stride and the start allow them (the amax pass reads whole rows; the quantize
-    # kernel also needs whole vectors per group)
-    row_wide = k * element_bytes % 16 == 0 and x2.stride(0) * element_bytes % 16 == 0 and x2.data_ptr() % 16 == 0
     static = static_scale is not None
     plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert, panels)
 
@@ -257,10 +263,8 @@ def fake_quantize_activation(x: torch.Tensor, activation_scheme: ActivationSchem
     scheme = activation_scheme
     device = x.device
     k = x.shape[-1]
-    x2 = x if x.dim() == 2 and (x.shape[0] != 1 or x.stride(0) == k) else x.view(-1, k)
+    x2, row_wide = _row_matrix(x)
     m = x2.shape[0]
-    element_bytes = x.element_size()
-    row_wide = k * element_bytes % 16 == 0 and x2.stride(0) * element_bytes % 16 == 0 and x2.data_ptr() % 16 == 0
     static = static_scale is not None
     plan = _plan(scheme, x.dtype, _target(device), static, row_wide, hardware_convert, False, _VALUE_DTYPES[dtype])
     out = torch.empty((m, k), dtype=dtype, device=device)
@@ -315,13 +319,16 @@ class RowQuantizer:
 
     @staticmethod
     def create(scheme: ActivationScheme, dtype: torch.dtype, k: int, device: torch.device,
-               static_scale: torch.Tensor | None, panels: bool = False) -> "RowQuantizer | None":
+               static_scale: torch.Tensor | None, panels: bool = False,
+               dequantize: str | None = None) -> "RowQuantizer | None":
+        """dequantize: bind fake_quantize_activation's launch instead (`tensors` then returns the (m, ldq) bytes of
+        the 16-bit values, rows 2K bytes apart: `.view(dtype)` is the (m, K) values)."""
         static = static_scale is not None
         if (scheme.granularity not in ("token", "tensor", "group") or (scheme.granularity == "tensor") != static
                 or scheme.global_scale or scheme.dtype.bits != 8 or dtype not in _INPUT_DTYPES
                 or k * dtype.itemsize % 16 or device.type not in _DEVICE_TYPES or (panels and k % PANEL_K)):
             return None
-        plan = _plan(scheme, dtype, _target(device), static, True, True, panels)
+        plan = _plan(scheme, dtype, _target(device), static, True, True, panels, dequantize)
         if plan.amax is not None:
             return None
         return RowQuantizer(plan, k, device.index or 0, static_scale)

@@ -212,7 +212,7 @@ class ElementValue(Component):
     template: ClassVar[str] = "activation/element_value.cuh.j2"
     family: ClassVar[str] = "numeric"
     element: DType
-    convert: str | None  # "e4m3" / "e5m2": the pair cvt to f16x2 (else the software decode)
+    convert: str | None  # "e4m3" / "e5m2": the pair cvt to f16x2 (None: the software decode)
     out_dtype: str  # "bfloat16" or "float16"
     pair_cvt: bool  # cvt.rn.{bf16,f16}x2.f32 (sm_80+); else two scalar cvts
 
@@ -221,7 +221,7 @@ class ElementValue(Component):
         context: dict[str, Any] = {"element": fmt.name, "bits": fmt.bits, "mask": hex((1 << fmt.bits) - 1),
                                    "ptx_type": {"bfloat16": "bf16", "float16": "f16"}[self.out_dtype],
                                    "kind": "int" if isinstance(fmt, IntType) else "float",
-                                   "convert": self.convert if self.convert in ("e4m3", "e5m2") else None}
+                                   "convert": self.convert}
         if isinstance(fmt, FloatType):
             context.update(decoder_constants(fmt))
             context["name"] = fmt.name

@@ -280,7 +280,8 @@ def components(cfg: QuantizeConfig) -> list:
         out.append(ElementCode(element=s.dtype, convert=cfg.convert, value_type=value_type, near=near,
                                exact_product=exact_product))
         if cfg.dequantize:
-            out.append(ElementValue(element=s.dtype, convert=cfg.convert, out_dtype=cfg.dequantize,
+            decode = cfg.convert if cfg.convert in ("e4m3", "e5m2") else None  # (no e2m1 -> f16x2 cvt)
+            out.append(ElementValue(element=s.dtype, convert=decode, out_dtype=cfg.dequantize,
                                     pair_cvt=cfg.target.has("mma_bf16")))
     out.append(VectorIO(input_dtype=cfg.input_dtype, wide=cfg.wide, vector=cfg.vector, bits=cfg.bits,
                         quantize=cfg.stage == "quantize", panels=cfg.panels, near_quotient=near,

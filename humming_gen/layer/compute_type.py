@@ -127,7 +127,7 @@ def dequantized_activations_default(act: ActivationScheme, dtype_name: str, targ
             and not act.global_scale and dtype_name == "bfloat16" and target.has("wgmma"))
 
 
-def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "Target",
+def value_activation_scheme(scheme: QuantScheme, dtype_name: str, target: "Target",
                             dequantize_activations: bool | None, *, weight_only: bool, quantize_in_gemm: bool,
                             batch_invariant: bool, strict: bool = False, tunings_given: bool = False,
                             static_scale: bool = False, who: str = "QuantLinear") -> ActivationScheme | None:
@@ -137,8 +137,6 @@ def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "
     the layer's dtype are rounded to it), False never, None where `dequantized_activations_default` says so and the
     caller did not pin the kernels (strict=True: the scheme's own activations; explicit tunings: chosen for the
     8-bit kernels; quantize_in_gemm, batch_invariant, weight_only). ValueError where True cannot be honoured."""
-    import torch
-
     from humming_gen.activation.kernel import scheme_problems
 
     act = scheme.activation
@@ -146,8 +144,7 @@ def value_activation_scheme(scheme: QuantScheme, dtype: "torch.dtype", target: "
         if (act is None or weight_only or quantize_in_gemm or batch_invariant or strict or tunings_given
                 or scheme_problems(act)):
             return None
-        name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "")
-        if not dequantized_activations_default(act, name, target):
+        if not dequantized_activations_default(act, dtype_name, target):
             return None
         key = (repr(scheme), target.name, "values")
         if key not in _LOGGED:

@@ -85,8 +85,9 @@ class QuantLinear(torch.nn.Module):
         self.compute_config = ComputeConfig(batch_invariant=batch_invariant)
         #: the activation scheme whose values (fake_quantize_activation) the 16-bit kernels run on, where the layer
         #: dequantizes activations (dequantize_activations; compute_type.dequantized_activations_default)
-        self.value_scheme = value_activation_scheme(qweight.scheme, dtype, self.target, dequantize_activations,
-                                                    weight_only=weight_only, quantize_in_gemm=quantize_in_gemm,
+        self.value_scheme = value_activation_scheme(qweight.scheme, _DTYPE_NAME[dtype], self.target,
+                                                    dequantize_activations, weight_only=weight_only,
+                                                    quantize_in_gemm=quantize_in_gemm,
                                                     batch_invariant=batch_invariant, strict=strict,
                                                     tunings_given=tunings is not None,
                                                     static_scale=qweight.input_scale is not None)
@@ -101,8 +102,8 @@ class QuantLinear(torch.nn.Module):
         #: are not quantized); may be a fallback from the scheme's own (humming_gen.layer.compute_type)
         self.compute_dtype: str = choice.compute_dtype
         self.fallback_reasons = choice.reasons
-        own_activation = choice.scheme.activation == qweight.scheme.activation
-        if not own_activation:
+        own_activation = qweight.scheme.activation  # the checkpoint's (its input_scale belongs to it)
+        if choice.scheme.activation != own_activation:
             qweight = attrs.evolve(qweight, scheme=choice.scheme)
         #: the scheme whose arithmetic the layer computes (with the fallback's activation where it falls back; the
         #: value scheme's where the 16-bit kernels run its dequantized activations, layer_config.scheme's without)
@@ -113,8 +114,8 @@ class QuantLinear(torch.nn.Module):
                                         fold_scales=scales_fold(qweight))
         self.activation_scheme = qweight.scheme.activation  # None: 16-bit activations
         self._static_scale = None  # a checkpoint's per-tensor input_scale, used as the activation scale
-        act = self.activation_scheme or self.value_scheme
-        if (act is not None and (own_activation or self.value_scheme is not None) and qweight.input_scale is not None
+        act = self.scheme.activation  # what the layer quantizes x with (8-bit kernels or values)
+        if (act is not None and act == own_activation and qweight.input_scale is not None
                 and act.granularity == "tensor"):
             self._static_scale = static_input_scale(qweight.input_scale, "QuantLinear: qweight")
         self.tunings = tunings or choose_tunings(self.layer_config, self.target, batch_invariant=batch_invariant)
@@ -164,8 +165,8 @@ class QuantLinear(torch.nn.Module):
         # per bucket: the layout its kernel reads activation codes in ("rows", or "panels": Kernel.activation_layout)
         self._code_layouts = [kernel.activation_layout for _, kernel in self._buckets]
         # the eager quantize launches bound to this layer (humming_gen.activation.api.RowQuantizer), per codes layout
-        # its buckets read ("rows", "panels"), made on the first quantized call of each (None: the scheme needs
-        # quantize_activation's general path)
+        # its buckets read ("rows", "panels"; "values": the value route's), made on the first quantized call of each
+        # (None: the scheme needs quantize_activation's or fake_quantize_activation's general path)
         self._row_quantizers: dict[str, object] = {}
         self._op_id = register_layer(self)  # the key of this layer in the humming_gen::gemm op
 
@@ -283,11 +284,7 @@ class QuantLinear(torch.nn.Module):
             self._launch_quantized(x, c)
             return
         if self.value_scheme is not None:  # the 16-bit kernels on the scheme's quantized values (groups along x's K)
-            from humming_gen.activation import fake_quantize_activation
-
-            rows = _as_rows(x, self.in_features)
-            x = fake_quantize_activation(x.reshape(-1, self.in_features).contiguous() if rows is None else rows,
-                                         self.value_scheme, self._static_scale, dtype=self.dtype)
+            x = self._quantized_values(x)
         a = self._activation_rows(x)
         for m_max, launcher in self._launchers:
             if m_max is None or m <= m_max:
@@ -306,16 +303,14 @@ class QuantLinear(torch.nn.Module):
         if fused:  # the GEMM reads x (16-byte aligned rows) and quantizes it in its loader
             launcher(self._activation_rows(x), c, self._static_scale)  # (a static per-tensor scale)
             return
-        k = self.in_features
-        a = _as_rows(x, k)
-        if a is None:
-            a = x.reshape(-1, k).contiguous()
+        a = self._quantize_rows(x)
         quantizer = self._row_quantizers.get(layout, False)
         if quantizer is False:  # first quantized call: bind the launch where one kernel serves the scheme
             from humming_gen.activation.api import RowQuantizer
 
             quantizer = self._row_quantizers[layout] = RowQuantizer.create(
-                self.activation_scheme, a.dtype, k, a.device, self._static_scale, panels=layout == "panels")
+                self.activation_scheme, a.dtype, self.in_features, a.device, self._static_scale,
+                panels=layout == "panels")
         if (quantizer is not None and a.stride(0) * a.element_size() % 16 == 0 and a.data_ptr() % 16 == 0
                 and m <= MAX_PANEL_ROWS):  # (quantize_activation refuses more rows for panels, naming the limit)
             _buf, codes, scales = quantizer(a)  # (_buf holds codes and scales until the GEMM is launched)
@@ -325,6 +320,33 @@ class QuantLinear(torch.nn.Module):
 
         qa = quantize_activation(a, self.activation_scheme, static_scale=self._static_scale, layout=layout)
         launcher(qa.codes, c, qa.scales)
+
+    def _quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x's (m, K) rows as the quantization kernels read them: in place where one row stride reaches them all (one
+        row: its stride, never used, set to K, as quantize_activation's view sets it)."""
+        k = self.in_features
+        a = _as_rows(x, k)
+        if a is None:
+            return x.reshape(-1, k).contiguous()
+        return a.as_strided((1, k), (k, 1)) if a.shape[0] == 1 and a.stride(0) != k else a
+
+    def _quantized_values(self, x: torch.Tensor) -> torch.Tensor:
+        """The value route's (m, K) activations: x quantized with value_scheme and dequantized to the layer's dtype,
+        by the quantize launch bound on the first call where the rows allow (else fake_quantize_activation)."""
+        a = self._quantize_rows(x)
+        quantizer = self._row_quantizers.get("values", False)
+        if quantizer is False:  # first call: bind the launch where one kernel serves the scheme
+            from humming_gen.activation.api import RowQuantizer
+
+            quantizer = self._row_quantizers["values"] = RowQuantizer.create(
+                self.value_scheme, a.dtype, self.in_features, a.device, self._static_scale,
+                dequantize=_DTYPE_NAME[self.dtype])
+        if quantizer is not None and a.stride(0) * a.element_size() % 16 == 0 and a.data_ptr() % 16 == 0:
+            values, _scales = quantizer.tensors(a)  # (the scales are not read: freed after the launch, in order)
+            return values.view(self.dtype)
+        from humming_gen.activation import fake_quantize_activation
+
+        return fake_quantize_activation(a, self.value_scheme, self._static_scale, dtype=self.dtype)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """y = x @ W^T (+ bias) through the `humming_gen::gemm` op (or `gemm_out` into `out`, returned).

@@ -145,9 +145,14 @@ def _build(scheme: A, tmp_path, near: bool = True):
         main = main.replace("GLOBAL_ARG", ", g")
     else:
         main = main.replace("GLOBAL_READ", "").replace("GLOBAL_ARG", "")
-    src = tmp_path / "round.cpp"
-    src.write_text("\n".join(parts) + main)
-    exe = tmp_path / "round"
+    return compile_host("\n".join(parts) + main, tmp_path, "round")
+
+
+def compile_host(source: str, tmp_path, name: str):
+    """The host executable of a C++ source (rendered templates behind PRELUDE), IEEE fp32 without contraction."""
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(source)
+    exe = tmp_path / name
     subprocess.run([CXX, "-O1", "-std=c++17", "-ffp-contract=off", str(src), "-o", str(exe)], check=True,
                    capture_output=True, text=True)
     return exe

@@ -18,7 +18,7 @@ from humming_gen.activation.components import ElementValue, Rounding
 from humming_gen.codegen.render import environment
 from humming_gen.formats import FloatType, dtype as get_dtype
 
-from test_activation_quantize_host import CXX, PRELUDE
+from test_activation_quantize_host import CXX, PRELUDE, compile_host
 
 MAIN = r"""
 int main() {
@@ -40,12 +40,7 @@ def _build(element, out_dtype: str, tmp_path):
     for c in (Rounding(encoders=(), decoders=(), sign_of_difference=False),
               ElementValue(element=element, convert=None, out_dtype=out_dtype, pair_cvt=True)):
         parts.append(env.get_template(c.template).render(**c.context()))
-    src = tmp_path / "values.cpp"
-    src.write_text("\n".join(parts) + MAIN)
-    exe = tmp_path / "values"
-    subprocess.run([CXX, "-O1", "-std=c++17", "-ffp-contract=off", str(src), "-o", str(exe)], check=True,
-                   capture_output=True, text=True)
-    return exe
+    return compile_host("\n".join(parts) + MAIN, tmp_path, "values")
 
 
 def _midpoint_scales(values: np.ndarray, out: torch.dtype, count: int, rng: np.random.Generator) -> list[float]:

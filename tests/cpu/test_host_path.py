@@ -360,10 +360,11 @@ def test_moe_bound_quantizers_launch_what_quantize_activation_launches(layers, l
 
 @pytest.mark.parametrize("m", [1, 37])
 @pytest.mark.parametrize("kind", ["mxfp8", "static-tensor"])
-def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, m, kind):
-    """QuantLinear(dequantize_activations): one fake_quantize_activation kernel (dequantize mode) on x's rows, then
-    the 16-bit GEMM reading exactly the values it wrote (row stride K), with the layer's static scale where the
-    scheme has one; 3-d x with strided rows is read in place."""
+def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, monkeypatch, m, kind):
+    """QuantLinear(dequantize_activations): one quantize kernel in dequantize mode on x's rows, then the 16-bit GEMM
+    reading exactly the values it wrote (row stride K), with the layer's static scale where the scheme has one;
+    3-d x with strided rows is read in place. The launch bound on the first call (RowQuantizer, "values") launches
+    what fake_quantize_activation's general path launches, but for the per-call pointers."""
     from humming_gen.activation.kernel import param_fields, params_struct
 
     scheme = hg.scheme("w8a8-mxfp8" if kind == "mxfp8" else "w8a8-fp8-tensor")
@@ -374,9 +375,17 @@ def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, m, kind):
                                           dequantize_activations=None if kind == "mxfp8" else True)
     assert layer.value_scheme == scheme.activation
     base = torch.randn(2, m, K + 64, generator=torch.Generator().manual_seed(m)).bfloat16()
-    for x in (base[0, :, :K].contiguous(), base[:, :, :K]):  # contiguous rows; 3-d rows K + 64 apart
+    paths = {}
+    # one row of stride K + 64 (its stride is never used: the kernels get K), 3-d rows K + 64 apart
+    for path, x in (("bound", base[0, :, :K].contiguous()), ("bound", base[:, :, :K]),
+                    ("general", base[0, :, :K].contiguous())):
+        if path == "general":
+            monkeypatch.setitem(layer._row_quantizers, "values", None)
         launches.clear()
         y = layer(x)
+        assert (layer._row_quantizers["values"] is not None) == (path == "bound")
+        if x.dim() == 2:
+            paths[path] = _named(launches, {x.data_ptr(): "x", y.data_ptr(): "y"})
         assert y.shape == (*x.shape[:-1], N)
         (q_name, _, q_params), (g_name, _, g_params) = launches
         assert "_dq_bfloat16_" in q_name and "gemm_" in g_name, (q_name, g_name)
@@ -386,17 +395,18 @@ def test_dequantized_route_feeds_the_16_bit_gemm_the_values(launches, m, kind):
         kernel = layer.kernel_for(x.numel() // K)
         g = dict(zip([a.name for a in kernel.plan.args], kernel._struct.unpack(g_params)))
         rows = x.numel() // K
-        assert q["x"] == x.data_ptr() and q["ldx"] == (K if x.dim() == 2 else K + 64) and q["m"] == rows
+        assert q["x"] == x.data_ptr() and q["ldx"] == (K + 64 if rows > 1 and x.dim() == 3 else K) and q["m"] == rows
         assert q["k"] == K and q["ldq"] == 2 * K and g["a"] == q["codes"] and g["lda"] == K
         if kind == "static-tensor":
             assert q["tensor_scale"] == layer._static_scale.data_ptr()
             assert float(layer._static_scale.reshape(())) == pytest.approx(0.02)
+    assert paths["bound"] == paths["general"]
 
 
 def test_dequantized_route_host_path_structure(launches):
     """An eager forward of the values route (w8a8-mxfp8 on sm_90a): two launches (values, 16-bit GEMM), the output,
-    values and scales allocated (and a view of the output), no config built, a budget of Python calls (today 32,
-    against 27 for the 8-bit route's bound quantizer: fake_quantize_activation's checks and plan lookup)."""
+    values and scales allocated (a view of the values), no config built, a budget of Python calls (today 31, the
+    8-bit route 27: both through a bound quantize launch)."""
     qw = hg.scheme("w8a8-mxfp8").quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(4)) * 0.05)
     layer = hg.QuantLinear.from_quantized(qw, target="sm_90a", device="cpu")
     assert layer.value_scheme is not None

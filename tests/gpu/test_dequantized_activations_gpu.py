@@ -18,6 +18,8 @@ import humming_gen as hg
 from humming_gen.reference import reference_gemm
 from humming_gen.schemes.quantize import quantize_activation as reference_quantize
 
+from test_linear_w8a8 import ELEMENT_TOL, TOLERANCE  # the output-type tolerances (that module's docstring)
+
 pytestmark = pytest.mark.gpu
 
 MXFP8 = hg.ActivationScheme("float8e4m3", granularity="group", group_size=32, scale_dtype="float8e8m0")
@@ -36,8 +38,6 @@ ACTIVATIONS = {
                                          scale_rule="floor"),
     "int4-g32-bf16": hg.ActivationScheme("int4", granularity="group", group_size=32, scale_dtype="bfloat16"),
 }
-TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 3e-3}
-ELEMENT_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
 def _x(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
