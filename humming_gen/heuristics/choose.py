@@ -123,7 +123,11 @@ def ws_moe_from_rows(layers: list[LayerConfig]) -> int:
     105.8 / 271.7 -> 16.5 / 84.1 / 214.2, down 11.2 / 66.1 / 173.4 -> 9.8 / 49.8 / 129.4; Qwen3-30B-A3B (E = 128,
     top-8) down fp8 channel 12.2 / 69.3 / 136.1 -> 9.6 / 39.6 / 66.1, int8 channel 12.9 / 68.8 / 133.8 -> 10.0 /
     40.8 / 66.1, fp8 block128 9.1 / 64.4 / 123.7 -> 8.3 / 37.2 / 62.7 (gate-up 11-35 % faster). 4-bit weights
-    stay standard below WS_MOE_FROM_ROWS (DeepSeek W4A16 int4 gate-up 11.8 / 52.1 / 124.4 -> 43.7 / 86.7 / 168.4)."""
+    stay standard below WS_MOE_FROM_ROWS (DeepSeek W4A16 int4 gate-up 11.8 / 52.1 / 124.4 -> 43.7 / 86.7 / 168.4),
+    with 8-bit activations too (W4A8 mxfp4 x fp8, 2026-12-04, standard -> warp-specialized, indexed GEMMs at M = 1 /
+    16 / 128: Qwen3 gate-up 13.7 / 56.6 / 100.5 -> 12.4 / 60.1 / 110.9, down 7.8 / 31.0 / 55.5 -> 7.7 / 35.8 / 66.8;
+    gpt-oss-120b gate-up 23.8 / 135.9 / 339.3 -> 24.1 / 151.7 / 384.2; DeepSeek gate-up 13.7 / 67.4 / 158.7 -> 23.4 /
+    64.9 / 161.9; whole layers 1-19 % slower at every M, e.g. Qwen3 M = 128 166.9 -> 194.0)."""
     if all(layer.scheme.weight.bits == 8 and layer.scheme.activation is not None for layer in layers):
         return 0
     return WS_MOE_FROM_ROWS

@@ -80,7 +80,9 @@ PREFETCH_CHUNK_ROWS = True
 # dominates), and the copies of the main loop doubled NVRTC time and made ptxas serialize the wgmmas ("insufficient
 # register resources") in single-k-tile and zero-point / bias kernels. Also level (a later run, down M = 4096
 # indexed 517.6 / 514.6 / 513.9 with / without / with): the indexed producer reading a unit's sorted ids beside its
-# expert id instead of after the expert check.
+# expert id instead of after the expert check. Re-tried 2026-12-04 (wgmma N 16 / 32 / 64 below a 128-token tile,
+# once the grouped DeepSeek gate-up ran at 89.5 % of the tensor pipe, ncu): ptxas again serialized the wgmmas of
+# the single-k-tile (K = 128) kernels (C7511), so it was dropped before timing.
 # MoE gemm types generated (16-bit and 8-bit activations): indexed (rows gathered and scattered through moe_align's
 # routing, one expert per m block) and the grouped layouts (dense row windows per expert, no split-K).
 GROUPED_GEMMS = ("grouped_contiguous", "grouped_masked")
