@@ -8,14 +8,11 @@ and the Python functions that cost most (cProfile), per format. Companion of eag
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
-import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import humming_gen as hg
+from humming_gen.bench.timing import print_host_profiles
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("formats", nargs="?",
@@ -30,17 +27,4 @@ for name in FORMATS:
     for _ in range(20):
         layer(x)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            layer(x)
-        torch.cuda.synchronize()
-    print(f"\n=== {name}: torch profiler, {CALLS} eager calls at M = 1")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=70))
-    cp = cProfile.Profile()
-    cp.enable()
-    for _ in range(CALLS):
-        layer(x)
-    torch.cuda.synchronize()
-    cp.disable()
-    print(f"=== {name}: cProfile, {CALLS} eager calls")
-    pstats.Stats(cp, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    print_host_profiles(lambda layer=layer, x=x: layer(x), CALLS, f"{name}, M = 1", rows=14)

@@ -1,7 +1,8 @@
 """Where an eager MoE forward at a few tokens spends its time on the host: the wall time per call of a pipelined
-loop (as bench/moe_bench.py's eager column) and of the same loop with a sync after every call, the torch profiler's
-ops by self CPU time (a cudaStreamSynchronize or cudaMemcpy there would serialise host and GPU), and cProfile's
-costliest Python functions. Companion of bench/eager_profile.py (dense layers).
+loop (humming_gen.bench.timing.eager_time_us, as bench/moe_bench.py's eager column) and of the same loop with a sync
+after every call; with --tables, the torch profiler's ops by self CPU time (a cudaStreamSynchronize or cudaMemcpy
+there would serialise host and GPU) and cProfile's costliest Python functions (timing.print_host_profiles).
+Companion of bench/eager_profile.py (dense layers).
 
     python bench/moe_eager_profile.py [--models deepseek,qwen3] [--formats w8a8-fp8-block128,...] [--m 1]
 """
@@ -9,29 +10,14 @@ costliest Python functions. Companion of bench/eager_profile.py (dense layers).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
-import sys
-import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import humming_gen as hg
+from humming_gen.bench.timing import eager_time_us, print_host_profiles
 
 MODELS = {"deepseek": (256, 8, 7168, 256), "qwen3": (128, 8, 2048, 768)}  # experts, top-k, hidden, intermediate
 CALLS = 200
-
-
-def per_call_us(fn, calls: int, sync_each: bool) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-        if sync_each:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def main() -> None:
@@ -58,27 +44,11 @@ def main() -> None:
             def call(moe=moe):
                 return moe(x, weights, ids)
 
-            for _ in range(20):
-                call()
-            pipelined = min(per_call_us(call, CALLS, False) for _ in range(3))
-            synced = min(per_call_us(call, CALLS, True) for _ in range(3))
+            pipelined = eager_time_us([lambda _: call()], x, calls=CALLS)
+            synced = eager_time_us([lambda _: call()], x, calls=CALLS, sync_each=True)
             print(f"| {model} | {fmt} | {pipelined:.1f} | {synced:.1f} |", flush=True)
-            if not args.tables:
-                continue
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(CALLS):
-                    call()
-                torch.cuda.synchronize()
-            print(f"\n=== {model} {fmt}: torch profiler, {CALLS} eager calls at M = {args.m}")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=16, max_name_column_width=60))
-            cp = cProfile.Profile()
-            cp.enable()
-            for _ in range(CALLS):
-                call()
-            torch.cuda.synchronize()
-            cp.disable()
-            print(f"=== {model} {fmt}: cProfile, {CALLS} eager calls")
-            pstats.Stats(cp, stream=sys.stdout).sort_stats("tottime").print_stats(16)
+            if args.tables:
+                print_host_profiles(call, CALLS, f"{model} {fmt}, M = {args.m}")
             del moe
             torch.cuda.empty_cache()
 

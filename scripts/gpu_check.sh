@@ -20,9 +20,11 @@ if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile
 python3 -m pip install -e . --no-deps --no-build-isolation > "$OUT/install.log" 2>&1 || tail -n 5 "$OUT/install.log"
 # Optional test oracles the machine lacks (compressed-tensors and the pydantic / loguru it imports, for
 # tests/gpu/test_moe_checkpoints.py), as wheels in .whl/ct: appended to the path, so the machine's own packages win.
-if [ -d .whl/ct ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ct .whl/ct/*.whl \
-  && export HG_APPEND_PATH=/tmp/site-ct; fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}${HG_APPEND_PATH:+:$HG_APPEND_PATH}  # the checkout wins even where the editable install could not be made
+oracles=""
+if [ -d .whl/ct ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ct .whl/ct/*.whl && oracles=:/tmp/site-ct
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}$oracles  # the checkout wins even where the editable install could not be made
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # pytest-xdist (when installed) runs the GPU tests 8 at a time on the one GPU. The whole suite (1452 tests) took over
 # 500 s cold on 2026-12-04: give it two calls (HG_TEST_PART=1/2, then 2/2). More workers do not fit:

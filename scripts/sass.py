@@ -3,6 +3,10 @@ instruction histogram of its hottest loop. Needs cuobjdump ($CUOBJDUMP, on PATH 
 both come as PyPI wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
     python scripts/sass.py --scheme w4a16-int4-g128 --m 1 [--target sm_90a] [--loop | --full] [--fold-scales]
+    python scripts/sass.py --scheme w4a8-mxfp4-fp8 --moe 128,2048,768 --rows 8   # an MoE bucket's GEMM1 kernel
+
+With --moe experts,hidden,intermediate the kernel is the indexed gate-up GEMM QuantMoE runs in the bucket of --rows
+rows per expert (M x top-k / E), as the MoE heuristics choose it (Qwen3-30B-A3B: 128,2048,768).
 """
 
 from __future__ import annotations
@@ -15,10 +19,25 @@ import subprocess
 import tempfile
 
 import humming_gen as hg
-from humming_gen.config import LayerConfig
-from humming_gen.heuristics import choose_tunings
+from humming_gen.codegen import compose
+from humming_gen.config import ComputeConfig, LayerConfig
+from humming_gen.heuristics import choose_tunings, moe_tunings
+from humming_gen.kernel import build_many
 from humming_gen.runtime.cache import _cuda_tool
 from humming_gen.targets import get_target
+
+
+def moe_gate_up_kernel(args: argparse.Namespace, target):
+    """The indexed gate-up kernel of an MoE layer's bucket for args.rows rows per expert (moe_tunings' buckets)."""
+    e, h, i = (int(v) for v in args.moe.split(","))
+    layers = [LayerConfig(n=n, k=k, scheme=hg.scheme(args.scheme), num_experts=e, fold_scales=args.fold_scales)
+              for n, k in ((2 * i, h), (h, i))]
+    computes = [ComputeConfig(gemm="indexed"), ComputeConfig(gemm="indexed", topk_weight=True)]
+    standard = [choose_tunings(layer, target, pipeline="standard") for layer in layers]
+    buckets = moe_tunings(standard, layers, computes, target)[0].buckets
+    tuning = next(t for m_max, t in buckets if m_max is None or args.rows <= m_max)
+    print(tuning)
+    return build_many([compose(layers[0], computes[0], tuning, target)], compiler="nvrtc")[0]
 
 
 def main() -> None:
@@ -32,16 +51,21 @@ def main() -> None:
     ap.add_argument("--fold-scales", action="store_true", help="LayerConfig.fold_scales (folded e8m0 group scales)")
     ap.add_argument("--full", action="store_true", help="print the whole disassembly")
     ap.add_argument("--loop", action="store_true", help="print the hottest loop")
+    ap.add_argument("--moe", default=None, help="experts,hidden,intermediate: an MoE layer's indexed gate-up GEMM")
+    ap.add_argument("--rows", type=float, default=8.0, help="with --moe: rows per expert, which pick the bucket")
     args = ap.parse_args()
     target = get_target(args.target)
-    layer = LayerConfig(n=args.n, k=args.k, scheme=hg.scheme(args.scheme), fold_scales=args.fold_scales)
-    tuning = choose_tunings(layer, target).for_m(args.m)
-    if args.tuning:
-        import json
+    if args.moe:
+        kernel = moe_gate_up_kernel(args, target)
+    else:
+        layer = LayerConfig(n=args.n, k=args.k, scheme=hg.scheme(args.scheme), fold_scales=args.fold_scales)
+        tuning = choose_tunings(layer, target).for_m(args.m)
+        if args.tuning:
+            import json
 
-        import attrs
-        tuning = attrs.evolve(tuning, **json.loads(args.tuning))
-    kernel = hg.compile(layer, tuning_config=tuning, target=target)
+            import attrs
+            tuning = attrs.evolve(tuning, **json.loads(args.tuning))
+        kernel = hg.compile(layer, tuning_config=tuning, target=target)
     tool = os.environ.get("CUOBJDUMP") or _cuda_tool("cuobjdump")  # (PATH, else the NVIDIA wheels' bin folders)
     if tool is None:
         raise SystemExit("cuobjdump not found: set $CUOBJDUMP")

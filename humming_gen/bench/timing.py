@@ -61,20 +61,49 @@ def alternating_graph_times(candidates: Sequence[Sequence[Callable]], x: torch.T
     return [min(t) for t in times]
 
 
-def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200, repeats: int = 5) -> float:
+def eager_time_us(fns: Sequence[Callable], x: torch.Tensor, calls: int = 200, repeats: int = 5,
+                  sync_each: bool = False) -> float:
     """Steady-state wall time per call, in us, of a synchronized loop of plain calls (graph time plus host
     overhead): the median of `repeats` loops, after a warm-up loop (first-call work such as a stream's launch
-    configs stays out, as it does in a serving loop)."""
+    configs stays out, as it does in a serving loop). sync_each: a sync after every call too, so no call's host
+    work overlaps the previous call's kernels (host time plus GPU time)."""
     times = []
     for r in range(repeats + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i in range(calls):
             fns[i % len(fns)](x)
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
         if r:  # loop 0 warms up
             times.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(times)
+
+
+def print_host_profiles(call: Callable[[], object], calls: int, title: str, rows: int = 16) -> None:
+    """Where `calls` eager calls spend their host time: the torch profiler's ops by self CPU time (launches,
+    allocations, a sync that would serialise host and GPU) and cProfile's costliest Python functions."""
+    import cProfile
+    import pstats
+    import sys
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    print(f"\n=== {title}: torch profiler, {calls} eager calls")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70))
+    cp = cProfile.Profile()
+    cp.enable()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    cp.disable()
+    print(f"=== {title}: cProfile, {calls} eager calls")
+    pstats.Stats(cp, stream=sys.stdout).sort_stats("tottime").print_stats(rows)
 
 
 def copy_gbps(nbytes: int = 1 << 30, replays: int = 10) -> float:
